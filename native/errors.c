@@ -1,0 +1,24 @@
+/*
+ * errors.c - text for gdrkv_error codes.
+ */
+#include "gdrkv.h"
+
+const char *gdrkv_strerror(int code)
+{
+    switch (code) {
+    case GDRKV_OK: return "ok";
+    case GDRKV_E_NOT_FOUND: return "not found";
+    case GDRKV_E_TOO_SMALL: return "destination smaller than the object";
+    case GDRKV_E_NO_SPACE: return "no space left in the pool";
+    case GDRKV_E_TIMEOUT: return "timed out";
+    case GDRKV_E_UNAVAILABLE: return "server unavailable";
+    case GDRKV_E_PROTOCOL: return "protocol error";
+    case GDRKV_E_INVALID: return "invalid argument";
+    case GDRKV_E_TOO_LARGE: return "over a protocol limit";
+    case GDRKV_E_BUSY: return "busy";
+    case GDRKV_E_UNSUPPORTED: return "unsupported";
+    case GDRKV_E_INTERNAL: return "internal error";
+    case GDRKV_E_CLOSED: return "closed";
+    default: return "unknown error";
+    }
+}

@@ -1,0 +1,129 @@
+/*
+ * gdrkv.h - the public C API of gdrkv: error codes, the in-process server
+ * and the client. This is the only header the Python binding (cffi) sees,
+ * so it must stay plain C declarations without macros that cffi can't parse
+ * (cffi reads the cdef in native/build_native.py, which mirrors this file).
+ */
+#ifndef GDRKV_H
+#define GDRKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per-key and per-call result codes. Negative values are errors; they travel
+ * on the wire as the per-key status, so never renumber them. */
+enum gdrkv_error {
+    GDRKV_OK = 0,
+    GDRKV_E_NOT_FOUND = -1,   /* no committed object under that key */
+    GDRKV_E_TOO_SMALL = -2,   /* destination segments smaller than the object */
+    GDRKV_E_NO_SPACE = -3,    /* pool full and nothing evictable */
+    GDRKV_E_TIMEOUT = -4,     /* the call's deadline passed */
+    GDRKV_E_UNAVAILABLE = -5, /* server unreachable, or marked down (backoff) */
+    GDRKV_E_PROTOCOL = -6,    /* malformed frame from the other side */
+    GDRKV_E_INVALID = -7,     /* bad argument: key length, segment count, ... */
+    GDRKV_E_TOO_LARGE = -8,   /* object or batch over a protocol limit */
+    GDRKV_E_BUSY = -9,        /* object is being written by another client */
+    GDRKV_E_UNSUPPORTED = -10,/* opcode or version the server does not know */
+    GDRKV_E_INTERNAL = -11,   /* out of memory or a bug: see the log */
+    GDRKV_E_CLOSED = -12      /* client or server already closed */
+};
+
+const char *gdrkv_strerror(int code);
+
+/* ---------------------------------------------------------------- server */
+
+typedef struct gdrkv_server gdrkv_server;
+
+typedef struct gdrkv_server_opts {
+    const char *listen;         /* "host:port"; port 0 picks a free one */
+    uint64_t memory_bytes;      /* pool size */
+    int workers;                /* epoll worker threads; 0 = number of CPUs (max 16) */
+    int hugepages;              /* -1 try then fall back, 0 never, 1 require */
+    int pretouch;               /* fault the whole pool in at start */
+    double high_watermark;      /* evict in the background above this pool use */
+    double low_watermark;       /* ... down to this pool use */
+    uint32_t stall_timeout_ms;  /* a connection that makes no progress for this
+                                   long mid-frame is closed (and its pins dropped) */
+    uint32_t max_connections;
+} gdrkv_server_opts;
+
+void gdrkv_server_opts_init(gdrkv_server_opts *opts);
+/* Starts the server's threads; returns 0 or a negative gdrkv_error with a
+ * message in err. */
+int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out,
+                       char *err, size_t errlen);
+/* The address actually bound, "host:port". */
+int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len);
+/* Counters as "name value\n" lines; returns the length written (truncated to
+ * len-1 and NUL-terminated) or a negative error. */
+int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
+/* Stops the threads, closes every connection and frees the pool. */
+void gdrkv_server_stop(gdrkv_server *s);
+
+/* ---------------------------------------------------------------- client */
+
+typedef struct gdrkv_client gdrkv_client;
+
+typedef struct gdrkv_client_opts {
+    const char *servers;        /* "host:port[,host:port...]" */
+    const char *ns;             /* namespace, at most 255 bytes; "" = default */
+    uint32_t timeout_ms;        /* bound on every call, end to end */
+    uint32_t connect_timeout_ms;/* bound on one connect attempt (<= timeout_ms) */
+    uint32_t conns;             /* connections per server a batch stripes over */
+    uint32_t backoff_min_ms;    /* first retry delay after a server failed */
+    uint32_t backoff_max_ms;    /* cap of the exponential backoff */
+} gdrkv_client_opts;
+
+void gdrkv_client_opts_init(gdrkv_client_opts *opts);
+int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out,
+                      char *err, size_t errlen);
+void gdrkv_client_close(gdrkv_client *c);
+
+/* Registers memory the batch calls will read from or write into. Over tcp
+ * this only records the range; other transports pin and map it. */
+int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len);
+int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr);
+
+/*
+ * Batched operations. Keys are passed as one buffer of concatenated key
+ * bytes with key_lens[i] giving each length. Object i is made of
+ * seg_counts[i] segments, taken in order from seg_ptrs/seg_lens (so the
+ * segment arrays hold the sum of seg_counts entries). results[i] receives:
+ *   put:    0 (stored, or already present) or a negative gdrkv_error
+ *   get:    bytes read into the segments, or a negative gdrkv_error
+ *   exists: the object's size, or a negative gdrkv_error (NOT_FOUND)
+ *   delete: 0 or a negative gdrkv_error
+ * The call returns 0 when it ran (per-key results say what happened) or a
+ * negative error when it could not run at all (closed client, bad arrays).
+ * Every call returns within opts.timeout_ms; after it returns the client
+ * never touches the caller's buffers again.
+ */
+int gdrkv_batch_put(gdrkv_client *c, uint32_t n, const char *keys,
+                    const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                    const uint64_t *seg_lens, const uint32_t *seg_counts,
+                    int64_t *results);
+int gdrkv_batch_get(gdrkv_client *c, uint32_t n, const char *keys,
+                    const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                    const uint64_t *seg_lens, const uint32_t *seg_counts,
+                    int64_t *results);
+int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys,
+                       const uint32_t *key_lens, int64_t *results);
+int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys,
+                       const uint32_t *key_lens, int64_t *results);
+
+/* Removes every object of the client's namespace on every server; returns
+ * the number removed or a negative error (first failing server). */
+int64_t gdrkv_clear(gdrkv_client *c);
+/* Round trip to every server; 0 when all answered. */
+int gdrkv_ping(gdrkv_client *c);
+
+uint32_t gdrkv_client_nservers(gdrkv_client *c);
+/* "host:port" of server i. */
+int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len);
+/* Server i's counters as "name value\n" lines (same format as
+ * gdrkv_server_stats); returns the length or a negative error. */
+int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len);
+/* The client's own counters, same format. */
+int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * net.h - socket helpers shared by the server and the client: address
+ * parsing, listening, connecting within a deadline, socket options.
+ */
+#ifndef GDRKV_NET_H
+#define GDRKV_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct gk_addr {
+    char host[256];
+    uint16_t port;
+};
+
+/* Parses "host:port", "[v6]:port" or "host" (default_port). Returns 0 or
+ * GDRKV_E_INVALID. */
+int gk_parse_addr(const char *s, uint16_t default_port, struct gk_addr *out);
+
+/* Non-blocking listening TCP socket; returns fd or a negative gdrkv error
+ * (message in err). */
+int gk_listen_tcp(const struct gk_addr *a, int backlog, char *err, size_t errlen);
+/* "host:port" of a bound socket. */
+int gk_sock_name(int fd, char *buf, size_t len);
+
+/* Connects to a, waiting at most until deadline_ns (gk_now_ns clock).
+ * Returns a non-blocking, TCP_NODELAY, close-on-exec fd, or
+ * GDRKV_E_TIMEOUT / GDRKV_E_UNAVAILABLE. */
+int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns);
+
+int gk_set_nonblocking(int fd);
+void gk_set_nodelay(int fd);
+
+/* Milliseconds left until deadline_ns for poll(), 0 when passed. */
+int gk_poll_ms_left(uint64_t deadline_ns);
+
+#endif

@@ -1,0 +1,122 @@
+/*
+ * protocol.h - the gdrkv wire format (docs/protocol.md is the prose version).
+ *
+ * Every frame is a 40-byte header, a control body of body_len bytes, then
+ * payload_len bytes of object data. All integers are little-endian.
+ *
+ *   header:  u32 magic "GDKV" | u8 version | u8 opcode | u16 flags |
+ *            i32 status | u32 count | u32 body_len | u32 reserved |
+ *            u64 payload_len | u64 req_id
+ *
+ *   request body (keyed ops EXISTS, GET, PUT, DELETE; also CLEAR with count 0):
+ *            u8 ns_len | ns bytes | count x entry
+ *   entry:   u32 key_len | u64 size | key bytes
+ *            size = value length (PUT), destination capacity (GET), 0 otherwise
+ *   request payload: PUT only, the values concatenated in entry order.
+ *
+ *   response header: opcode | GK_OP_RESPONSE, same req_id, status = frame
+ *            status (0, or an error for the whole frame, with a UTF-8 message
+ *            as the body and count 0).
+ *   response body: count x result, result = i32 status | u32 reserved | u64 size
+ *            EXISTS: size of the object; GET: size of the object (the payload
+ *            carries it when status is 0); PUT/DELETE: 0; CLEAR: one result,
+ *            size = objects removed; STATS: body is "name value\n" text;
+ *            PING: empty.
+ *   response payload: GET only, the values of the entries with status 0,
+ *            concatenated in entry order.
+ *
+ * Limits below are checked before anything is allocated for a frame.
+ */
+#ifndef GDRKV_PROTOCOL_H
+#define GDRKV_PROTOCOL_H
+
+#include <stdint.h>
+
+#define GK_MAGIC 0x564B4447u   /* bytes "GDKV" */
+#define GK_VERSION 1
+#define GK_HDR_SIZE 40
+#define GK_ENTRY_HDR_SIZE 12   /* u32 key_len + u64 size */
+#define GK_RESULT_SIZE 16
+
+#define GK_MAX_KEY_LEN 4096
+#define GK_MAX_NS_LEN 255
+#define GK_MAX_KEYS 8192                 /* entries per frame */
+#define GK_MAX_BODY (8u << 20)           /* control body bytes per frame */
+#define GK_MAX_SEGMENTS 1024             /* segments per object (client side) */
+#define GK_MAX_OBJECT (1ull << 30)       /* bytes per object */
+#define GK_MAX_PAYLOAD (64ull << 30)     /* payload bytes per frame */
+
+enum gk_opcode {
+    GK_OP_PING = 1,
+    GK_OP_EXISTS = 2,
+    GK_OP_GET = 3,
+    GK_OP_PUT = 4,
+    GK_OP_DELETE = 5,
+    GK_OP_STATS = 6,
+    GK_OP_CLEAR = 7,
+    GK_OP_MAX = 7,
+    GK_OP_RESPONSE = 0x80
+};
+
+struct gk_hdr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t opcode;
+    uint16_t flags;
+    int32_t status;
+    uint32_t count;
+    uint32_t body_len;
+    uint32_t reserved;
+    uint64_t payload_len;
+    uint64_t req_id;
+};
+
+struct gk_ns {
+    const uint8_t *name;
+    uint32_t len;                        /* 0..GK_MAX_NS_LEN */
+};
+
+struct gk_entry {
+    const uint8_t *key;                  /* points into the body buffer */
+    uint32_t key_len;
+    uint64_t size;
+};
+
+struct gk_result {
+    int32_t status;
+    uint64_t size;
+};
+
+void gk_hdr_encode(const struct gk_hdr *h, uint8_t out[GK_HDR_SIZE]);
+void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h);
+
+/* Whether opcode takes a namespace + entries body. */
+int gk_op_is_keyed(uint8_t opcode);
+const char *gk_op_name(uint8_t opcode);
+
+/* Checks a request header against the limits: magic, version, body_len,
+ * count, payload_len, and whether the opcode may carry a payload. Returns 0,
+ * GDRKV_E_PROTOCOL (bad magic: the stream is not ours), GDRKV_E_UNSUPPORTED
+ * (version or unknown opcode: body and payload can be skipped) or
+ * GDRKV_E_TOO_LARGE. */
+int gk_check_request_hdr(const struct gk_hdr *h);
+
+/* Parses and validates a keyed request body: namespace, exactly h->count
+ * entries, key lengths 1..GK_MAX_KEY_LEN, sizes <= GK_MAX_OBJECT, body fully
+ * consumed, and for PUT the sizes summing to h->payload_len. entries must
+ * hold h->count elements. Returns 0, GDRKV_E_PROTOCOL or GDRKV_E_TOO_LARGE. */
+int gk_parse_request_body(const struct gk_hdr *h, const uint8_t *body,
+                          struct gk_ns *ns, struct gk_entry *entries);
+
+/* Size of a keyed request body and its encoder (client side). */
+uint64_t gk_request_body_size(uint32_t ns_len, uint32_t n, const uint32_t *key_lens);
+/* Encodes the body; keys are concatenated, key_lens[i] each. sizes may be
+ * NULL (all zero). Returns the number of bytes written. */
+uint64_t gk_encode_request_body(uint8_t *out, const struct gk_ns *ns, uint32_t n,
+                                const uint8_t *keys, const uint32_t *key_lens,
+                                const uint64_t *sizes);
+
+void gk_result_encode(uint8_t out[GK_RESULT_SIZE], int32_t status, uint64_t size);
+void gk_result_decode(const uint8_t in[GK_RESULT_SIZE], struct gk_result *r);
+
+#endif
