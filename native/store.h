@@ -15,6 +15,7 @@
 #ifndef GDRKV_STORE_H
 #define GDRKV_STORE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "protocol.h"

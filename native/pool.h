@@ -1,0 +1,27 @@
+/*
+ * pool.h - the one big memory region objects live in: a memfd mapped
+ * shared, so a later shm transport can hand the same pages to local
+ * clients, and so RDMA can register it once.
+ */
+#ifndef GDRKV_POOL_H
+#define GDRKV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct pool {
+    uint8_t *base;
+    uint64_t size;          /* bytes asked for */
+    uint64_t map_len;       /* size rounded up to the page size backing it */
+    int fd;                 /* the memfd; -1 when not open */
+    int hugepages;          /* 1 when backed by 2 MiB hugetlb pages */
+};
+
+/* hugepages: -1 try 2 MiB hugetlb pages and fall back to normal ones,
+ * 0 never, 1 require. pretouch faults every page in now rather than on
+ * first write. Returns 0, or -1 with a message in err. */
+int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch,
+              char *err, size_t errlen);
+void pool_close(struct pool *p);
+
+#endif

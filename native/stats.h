@@ -1,0 +1,44 @@
+/*
+ * stats.h - counters shared by the server and the client: latency
+ * histograms with log2 microsecond buckets, and the "name value\n" text
+ * format every stats call returns (easy to parse, and one step from the
+ * Prometheus text format).
+ */
+#ifndef GDRKV_STATS_H
+#define GDRKV_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GK_LAT_BUCKETS 32   /* bucket b counts latencies in [2^(b-1), 2^b) us */
+
+/* Updated with relaxed atomics so any thread may record without a lock. */
+struct gk_latency {
+    uint64_t buckets[GK_LAT_BUCKETS];
+    uint64_t count;
+    uint64_t sum_us;
+    uint64_t max_us;
+};
+
+void gk_latency_record(struct gk_latency *l, uint64_t us);
+/* Adds src into dst (both read with relaxed atomics). */
+void gk_latency_merge(struct gk_latency *dst, const struct gk_latency *src);
+/* Upper bound of the bucket holding the q-quantile (0 < q <= 1), in us. */
+uint64_t gk_latency_quantile(const struct gk_latency *l, double q);
+
+/* A bounded text buffer; appends past the end are dropped, never overflow. */
+struct gk_text {
+    char *buf;
+    size_t cap;
+    size_t len;
+};
+
+void gk_text_init(struct gk_text *t, char *buf, size_t cap);
+void gk_text_u64(struct gk_text *t, const char *name, uint64_t value);
+void gk_text_f64(struct gk_text *t, const char *name, double value);
+/* Appends name_p50/_p99/_max (microseconds) and name_count. */
+void gk_text_latency(struct gk_text *t, const char *name, const struct gk_latency *l);
+/* Length of the text (NUL-terminated in buf when cap > 0). */
+int gk_text_finish(struct gk_text *t);
+
+#endif

@@ -1,0 +1,607 @@
+/*
+ * store.c - objects, namespaces, pins and eviction (see store.h).
+ *
+ * An object is RESERVED (in the index so nobody else writes the key, but
+ * invisible to readers and never evicted), then COMMITTED (readable, on the
+ * LRU), then UNLINKED (out of the index, LRU and namespace; freed as soon as
+ * its last pin goes, kept on the zombie list until then). Object metadata,
+ * key copy and chunk list live in one heap block; the store never touches
+ * the bytes in the pool.
+ *
+ * Eviction is a global LRU list (not CLOCK) of committed objects, most
+ * recent at the head. Reservations evict from the tail when the allocator is
+ * out of room; store_maintain() does the same in the background between two
+ * watermarks. Pinned objects are skipped, and reserved ones are not on the
+ * list at all.
+ *
+ * Locking: one mutex for the whole store, taken once per batch call. A batch
+ * carries up to GK_MAX_KEYS keys, so the lock is paid once per batch rather
+ * than per key, and what it covers is pointer and counter updates only: the
+ * transports copy object bytes outside it, under a pin or a reservation.
+ */
+#include "store.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "gdrkv.h"
+#include "index.h"
+#include "pool.h"
+
+/* Objects one reservation (or one store_maintain call) may look at while
+ * evicting: enough to empty two whole pages of the smallest class, which
+ * LRU order tends to do since objects allocated together age together, yet
+ * only a few milliseconds of work, so a pool full of pinned or tiny objects
+ * can't stall the batch; the reservation then fails with NO_SPACE. */
+#define STORE_EVICT_SCAN_MAX (2 * ALLOC_PAGE_SIZE / ALLOC_MIN_CHUNK)
+#define STORE_INDEX_BUCKETS 4096
+
+#define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* Circular doubly-linked list; a list is its own sentinel link. */
+struct dlink {
+    struct dlink *prev, *next;
+};
+
+static void dlink_init(struct dlink *l) { l->prev = l->next = l; }
+static int dlink_empty(const struct dlink *l) { return l->next == l; }
+
+static void dlink_push_head(struct dlink *list, struct dlink *l)
+{
+    l->prev = list;
+    l->next = list->next;
+    list->next->prev = l;
+    list->next = l;
+}
+
+static void dlink_remove(struct dlink *l)
+{
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    dlink_init(l);
+}
+
+static void dlink_move_head(struct dlink *list, struct dlink *l)
+{
+    dlink_remove(l);
+    dlink_push_head(list, l);
+}
+
+enum obj_state { OBJ_RESERVED, OBJ_COMMITTED, OBJ_UNLINKED };
+
+struct store_ns {
+    struct index_node node;     /* in store.namespaces, keyed by name */
+    struct dlink all;           /* in store.ns_list */
+    struct dlink objs;          /* its reserved and committed objects */
+    uint64_t id;                /* its objects' ns_id in the index; a new one per creation */
+    uint64_t objects, bytes;    /* committed ones, for quotas */
+    uint8_t name[];
+};
+
+struct store_obj {
+    struct index_node node;     /* in store.objects */
+    struct dlink lru;           /* committed: in store.lru */
+    struct dlink ns_link;       /* in ns->objs; once unlinked, in store.zombies */
+    struct store_ns *ns;        /* NULL once unlinked */
+    uint64_t size;
+    uint32_t pins;
+    uint32_t nchunks;           /* chunks held; all of them once reserved */
+    enum obj_state state;
+    struct store_chunk chunks[]; /* then the key bytes */
+};
+
+struct store {
+    pthread_mutex_t lock;
+    struct pool pool;
+    struct alloc alloc;
+    struct index objects;
+    struct index namespaces;
+    struct dlink ns_list;
+    struct dlink lru;           /* head = most recently used */
+    struct dlink zombies;       /* unlinked objects still pinned */
+    uint64_t last_ns_id;
+    uint64_t high_bytes, low_bytes;
+    int draining;               /* above high, not yet back to low */
+    struct store_stats st;      /* pool_* and hugepages filled in on read */
+};
+
+/* ------------------------------------------------------------ namespaces */
+
+/* Nothing can be stored under a bad name: reads of it miss, writes to it
+ * are invalid. */
+static int ns_name_ok(const struct gk_ns *name)
+{
+    return name->len <= GK_MAX_NS_LEN && (name->len == 0 || name->name);
+}
+
+static struct store_ns *ns_find(struct store *s, const struct gk_ns *name)
+{
+    /* The default namespace may come with a NULL name; memcmp wants a pointer. */
+    const uint8_t *bytes = name->len ? name->name : (const uint8_t *)"";
+    uint64_t hash = index_hash(&s->namespaces, 0, bytes, name->len);
+    struct index_node *n = index_find(&s->namespaces, hash, 0, bytes, name->len);
+    return n ? CONTAINER_OF(n, struct store_ns, node) : NULL;
+}
+
+static struct store_ns *ns_create(struct store *s, const struct gk_ns *name)
+{
+    struct store_ns *ns = calloc(1, sizeof *ns + name->len);
+    if (!ns)
+        return NULL;
+    if (name->len)
+        memcpy(ns->name, name->name, name->len);
+    ns->id = ++s->last_ns_id;
+    ns->node.ns_id = 0;
+    ns->node.key = ns->name;
+    ns->node.key_len = name->len;
+    ns->node.hash = index_hash(&s->namespaces, 0, ns->name, name->len);
+    index_insert(&s->namespaces, &ns->node);
+    dlink_push_head(&s->ns_list, &ns->all);
+    dlink_init(&ns->objs);
+    s->st.namespaces++;
+    return ns;
+}
+
+/* A namespace lives exactly as long as it has objects, so client-chosen
+ * names can't pile up. Returns whether ns was freed. */
+static int ns_drop_if_empty(struct store *s, struct store_ns *ns)
+{
+    if (!dlink_empty(&ns->objs))
+        return 0;
+    index_remove(&s->namespaces, &ns->node);
+    dlink_remove(&ns->all);
+    free(ns);
+    s->st.namespaces--;
+    return 1;
+}
+
+/* --------------------------------------------------------------- objects */
+
+static int key_ok(const struct gk_entry *e)
+{
+    return e->key && e->key_len >= 1 && e->key_len <= GK_MAX_KEY_LEN;
+}
+
+static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e)
+{
+    uint32_t nchunks = alloc_nchunks(e->size);
+    struct store_obj *o = malloc(sizeof *o + nchunks * sizeof o->chunks[0] + e->key_len);
+    if (!o)
+        return NULL;
+    uint8_t *key = (uint8_t *)(o->chunks + nchunks);
+    memcpy(key, e->key, e->key_len);
+    o->node.key = key;
+    o->node.key_len = e->key_len;
+    o->node.ns_id = ns->id;
+    o->node.hash = index_hash(&s->objects, ns->id, key, e->key_len);
+    dlink_init(&o->lru);
+    dlink_init(&o->ns_link);
+    o->ns = ns;
+    o->size = e->size;
+    o->pins = 0;
+    o->nchunks = 0;
+    o->state = OBJ_RESERVED;
+    return o;
+}
+
+static void obj_free(struct store *s, struct store_obj *o)
+{
+    for (uint32_t i = 0; i < o->nchunks; i++)
+        alloc_put(&s->alloc, o->chunks[i].off);
+    free(o);
+}
+
+static struct store_obj *obj_find(struct store *s, const struct store_ns *ns, const struct gk_entry *e)
+{
+    uint64_t hash = index_hash(&s->objects, ns->id, e->key, e->key_len);
+    struct index_node *n = index_find(&s->objects, hash, ns->id, e->key, e->key_len);
+    return n ? CONTAINER_OF(n, struct store_obj, node) : NULL;
+}
+
+/* The committed object under e's key: 0, GDRKV_E_NOT_FOUND (absent, or
+ * still being written) or GDRKV_E_INVALID (bad key). ns may be NULL. */
+static int32_t find_committed(struct store *s, const struct store_ns *ns,
+                              const struct gk_entry *e, struct store_obj **out)
+{
+    *out = NULL;
+    if (!key_ok(e))
+        return GDRKV_E_INVALID;
+    struct store_obj *o = ns ? obj_find(s, ns, e) : NULL;
+    if (!o || o->state != OBJ_COMMITTED)
+        return GDRKV_E_NOT_FOUND;
+    *out = o;
+    return 0;
+}
+
+static void obj_commit(struct store *s, struct store_obj *o)
+{
+    assert(o->state == OBJ_RESERVED);
+    o->state = OBJ_COMMITTED;
+    dlink_push_head(&s->lru, &o->lru);
+    o->ns->objects++;
+    o->ns->bytes += o->size;
+    s->st.reserved_objects--;
+    s->st.objects++;
+    s->st.object_bytes += o->size;
+    s->st.puts++;
+}
+
+/* Takes o out of the index, the LRU and its namespace, and frees it unless
+ * it is pinned. The namespace is left for the caller to drop, since callers
+ * walking a namespace still need it. */
+static void obj_unlink(struct store *s, struct store_obj *o)
+{
+    assert(o->state != OBJ_UNLINKED);
+    index_remove(&s->objects, &o->node);
+    dlink_remove(&o->ns_link);
+    if (o->state == OBJ_COMMITTED) {
+        dlink_remove(&o->lru);
+        o->ns->objects--;
+        o->ns->bytes -= o->size;
+        s->st.objects--;
+        s->st.object_bytes -= o->size;
+    } else {
+        s->st.reserved_objects--;
+    }
+    o->state = OBJ_UNLINKED;
+    o->ns = NULL;
+    if (o->pins)
+        dlink_push_head(&s->zombies, &o->ns_link);
+    else
+        obj_free(s, o);
+}
+
+/* Unlinks o and drops its namespace if that emptied it. */
+static void obj_unlink_dropping_ns(struct store *s, struct store_obj *o)
+{
+    struct store_ns *ns = o->ns;
+    obj_unlink(s, o);
+    ns_drop_if_empty(s, ns);
+}
+
+static void obj_pin(struct store *s, struct store_obj *o)
+{
+    if (o->pins++ == 0)
+        s->st.pinned_objects++;
+}
+
+static void obj_unpin(struct store *s, struct store_obj *o)
+{
+    assert(o->pins > 0);
+    if (--o->pins > 0)
+        return;
+    s->st.pinned_objects--;
+    if (o->state == OBJ_UNLINKED) {
+        dlink_remove(&o->ns_link);
+        obj_free(s, o);
+    }
+}
+
+/* -------------------------------------------------------------- eviction */
+
+/*
+ * Evicts the least recently used unpinned object, looking at no more than
+ * *scan_left objects over the caller's whole run. A pinned object found at
+ * the tail is being read right now, which is a use: it moves to the head so
+ * later scans don't trip over it again. Returns whether one was evicted.
+ */
+static int evict_lru(struct store *s, uint32_t *scan_left)
+{
+    /* The LRU holds exactly the st.objects committed objects: once that
+     * many were skipped, every one of them is pinned. */
+    uint64_t skipped = 0;
+    while (*scan_left > 0 && skipped < s->st.objects) {
+        (*scan_left)--;
+        struct dlink *tail = s->lru.prev;
+        struct store_obj *o = CONTAINER_OF(tail, struct store_obj, lru);
+        if (o->pins) {
+            dlink_move_head(&s->lru, tail);
+            skipped++;
+            continue;
+        }
+        s->st.evictions++;
+        s->st.evicted_bytes += o->size;
+        obj_unlink_dropping_ns(s, o);
+        return 1;
+    }
+    return 0;
+}
+
+/* Gives o all its chunks, evicting while the allocator is out of room. On
+ * failure o keeps the chunks it got (o->nchunks) for obj_unlink to free. */
+static int fill_chunks(struct store *s, struct store_obj *o)
+{
+    uint32_t want = alloc_nchunks(o->size);
+    uint32_t scan_left = STORE_EVICT_SCAN_MAX;
+    while (o->nchunks < want) {
+        uint64_t len = alloc_piece_len(o->size, o->nchunks), off;
+        if (alloc_get(&s->alloc, len, &off) == 0)
+            o->chunks[o->nchunks++] = (struct store_chunk){off, len};
+        else if (!evict_lru(s, &scan_left))
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int store_open(struct store **out, const struct store_opts *opts, char *err, size_t errlen)
+{
+    *out = NULL;
+    uint64_t capacity = opts->memory_bytes / ALLOC_PAGE_SIZE * ALLOC_PAGE_SIZE;
+    if (capacity == 0) {
+        snprintf(err, errlen, "pool memory must be at least %u MiB", ALLOC_PAGE_SIZE >> 20);
+        return GDRKV_E_INVALID;
+    }
+    /* Written so that NaN fails too. */
+    if (!(opts->low_watermark > 0 && opts->low_watermark <= opts->high_watermark &&
+          opts->high_watermark <= 1)) {
+        snprintf(err, errlen, "watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
+                 opts->low_watermark, opts->high_watermark);
+        return GDRKV_E_INVALID;
+    }
+
+    struct store *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return GDRKV_E_INTERNAL;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    dlink_init(&s->ns_list);
+    dlink_init(&s->lru);
+    dlink_init(&s->zombies);
+    if (pool_open(&s->pool, capacity, opts->hugepages, opts->pretouch, err, errlen) != 0) {
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        return GDRKV_E_INTERNAL;
+    }
+    if (alloc_init(&s->alloc, capacity) != 0 ||
+        index_init(&s->objects, STORE_INDEX_BUCKETS) != 0 ||
+        index_init(&s->namespaces, 0) != 0) {
+        snprintf(err, errlen, "out of memory for the store's bookkeeping");
+        store_close(s);
+        return GDRKV_E_INTERNAL;
+    }
+    s->high_bytes = (uint64_t)(opts->high_watermark * (double)capacity);
+    s->low_bytes = (uint64_t)(opts->low_watermark * (double)capacity);
+    s->st.pool_bytes = capacity;
+    s->st.hugepages = s->pool.hugepages;
+    *out = s;
+    return 0;
+}
+
+/* Frees the objects of a list linked through ns_link, without giving their
+ * chunks back: the allocator and the pool go next. */
+static void free_obj_list(struct dlink *list)
+{
+    while (!dlink_empty(list)) {
+        struct dlink *l = list->next;
+        dlink_remove(l);
+        free(CONTAINER_OF(l, struct store_obj, ns_link));
+    }
+}
+
+/* Frees everything, pinned objects included. */
+void store_close(struct store *s)
+{
+    if (!s)
+        return;
+    while (!dlink_empty(&s->ns_list)) {
+        struct store_ns *ns = CONTAINER_OF(s->ns_list.next, struct store_ns, all);
+        free_obj_list(&ns->objs);
+        dlink_remove(&ns->all);
+        free(ns);
+    }
+    free_obj_list(&s->zombies);
+    index_destroy(&s->objects);
+    index_destroy(&s->namespaces);
+    alloc_destroy(&s->alloc);
+    pool_close(&s->pool);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+uint8_t *store_base(struct store *s) { return s->pool.base; }
+uint64_t store_capacity(struct store *s) { return alloc_capacity(&s->alloc); }
+int store_pool_fd(struct store *s) { return s->pool.fd; }
+
+const struct store_chunk *store_obj_chunks(const struct store_obj *o, uint32_t *nchunks)
+{
+    *nchunks = o->nchunks;
+    return o->chunks;
+}
+
+uint64_t store_obj_size(const struct store_obj *o) { return o->size; }
+
+/* ------------------------------------------------------------ read path */
+
+void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                     uint32_t n, int touch, struct store_obj **objs, int32_t *status,
+                     uint64_t *sizes)
+{
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        struct store_obj *o;
+        status[i] = find_committed(s, space, &e[i], &o);
+        objs[i] = o;
+        sizes[i] = o ? o->size : 0;
+        if (!o) {
+            s->st.misses++;
+            continue;
+        }
+        s->st.hits++;
+        obj_pin(s, o);
+        if (touch)
+            dlink_move_head(&s->lru, &o->lru);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)
+{
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i])
+            obj_unpin(s, objs[i]);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                        uint32_t n, int32_t *status, uint64_t *sizes)
+{
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        struct store_obj *o;
+        status[i] = find_committed(s, space, &e[i], &o);
+        sizes[i] = o ? o->size : 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ----------------------------------------------------------- write path */
+
+/* One entry of store_reserve_batch. *space is the batch's namespace, created
+ * on first use and reset to NULL when a failure dropped it. */
+static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
+                           const struct gk_entry *e, struct store_obj **out)
+{
+    if (!key_ok(e))
+        return GDRKV_E_INVALID;
+    if (e->size > GK_MAX_OBJECT || alloc_footprint(&s->alloc, e->size) > alloc_capacity(&s->alloc))
+        return GDRKV_E_TOO_LARGE;
+    if (!*space && !(*space = ns_create(s, ns)))
+        return GDRKV_E_INTERNAL;
+    if (obj_find(s, *space, e)) {
+        s->st.put_dedup++;
+        return STORE_PRESENT;
+    }
+
+    struct store_obj *o = obj_new(s, *space, e);
+    if (!o) {
+        if (ns_drop_if_empty(s, *space))
+            *space = NULL;
+        return GDRKV_E_INTERNAL;
+    }
+    /* Linked before any eviction runs, so the key is taken and the
+     * namespace can't be emptied and freed under us. */
+    index_insert(&s->objects, &o->node);
+    dlink_push_head(&(*space)->objs, &o->ns_link);
+    s->st.reserved_objects++;
+    if (fill_chunks(s, o) != 0) {
+        obj_unlink(s, o);
+        if (ns_drop_if_empty(s, *space))
+            *space = NULL;
+        s->st.put_no_space++;
+        return GDRKV_E_NO_SPACE;
+    }
+    *out = o;
+    return 0;
+}
+
+void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         uint32_t n, struct store_obj **objs, int32_t *status)
+{
+    pthread_mutex_lock(&s->lock);
+    int name_ok = ns_name_ok(ns);
+    struct store_ns *space = name_ok ? ns_find(s, ns) : NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        objs[i] = NULL;
+        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], &objs[i]) : GDRKV_E_INVALID;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
+{
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i])
+            obj_commit(s, objs[i]);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void store_abort_batch(struct store *s, struct store_obj **objs, uint32_t n)
+{
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!objs[i])
+            continue;
+        assert(objs[i]->state == OBJ_RESERVED);
+        obj_unlink_dropping_ns(s, objs[i]);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                        uint32_t n, int32_t *status)
+{
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        struct store_obj *o;
+        status[i] = find_committed(s, space, &e[i], &o);
+        if (o) {
+            obj_unlink(s, o);
+            s->st.deletes++;
+        }
+    }
+    if (space)
+        ns_drop_if_empty(s, space);
+    pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
+{
+    uint64_t cleared = 0;
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    if (space) {
+        struct dlink *l = space->objs.next;
+        while (l != &space->objs) {
+            struct store_obj *o = CONTAINER_OF(l, struct store_obj, ns_link);
+            l = l->next;
+            if (o->state == OBJ_COMMITTED) {
+                obj_unlink(s, o);
+                cleared++;
+            }
+        }
+        s->st.deletes += cleared;
+        ns_drop_if_empty(s, space);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return cleared;
+}
+
+/* ----------------------------------------------------------- background */
+
+uint64_t store_maintain(struct store *s)
+{
+    uint64_t evicted = 0;
+    uint32_t scan_left = STORE_EVICT_SCAN_MAX;
+    pthread_mutex_lock(&s->lock);
+    if (s->alloc.used_bytes > s->high_bytes)
+        s->draining = 1;
+    while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left))
+        evicted++;
+    if (s->alloc.used_bytes <= s->low_bytes)
+        s->draining = 0;
+    pthread_mutex_unlock(&s->lock);
+    return evicted;
+}
+
+void store_get_stats(struct store *s, struct store_stats *out)
+{
+    pthread_mutex_lock(&s->lock);
+    *out = s->st;
+    out->pool_used_bytes = s->alloc.used_bytes;
+    pthread_mutex_unlock(&s->lock);
+}

@@ -1,0 +1,955 @@
+/*
+ * test_store.c - the store: options, put/get through the pool, put-if-absent,
+ * reservations, pins, deferred frees, LRU eviction, namespaces, watermarks,
+ * limits, a randomized churn checked against a shadow model, and a few
+ * threads hammering one store.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "alloc.h"
+#include "check.h"
+#include "common.h"
+#include "gdrkv.h"
+#include "store.h"
+
+#define MiB (1ull << 20)
+
+/* ---------------------------------------------------------------- helpers */
+
+static struct store *open_store_wm(uint64_t memory, double high, double low)
+{
+    struct store_opts opts = {.memory_bytes = memory, .hugepages = 0, .pretouch = 0,
+                              .high_watermark = high, .low_watermark = low};
+    struct store *s;
+    char err[256] = "";
+    int rc = store_open(&s, &opts, err, sizeof err);
+    CHECK(rc == 0, "store_open: %s", err);
+    return s;
+}
+
+static struct store *open_store(uint64_t memory) { return open_store_wm(memory, 1.0, 0.9); }
+
+static struct gk_ns ns_of(const char *name)
+{
+    return (struct gk_ns){(const uint8_t *)name, (uint32_t)strlen(name)};
+}
+
+static struct gk_entry entry_of(const char *key, uint64_t size)
+{
+    return (struct gk_entry){(const uint8_t *)key, (uint32_t)strlen(key), size};
+}
+
+static struct store_stats stats_of(struct store *s)
+{
+    struct store_stats st;
+    store_get_stats(s, &st);
+    return st;
+}
+
+/* Each chunk is filled with a byte derived from (tag, chunk) and, when
+ * there is room, stamped with the tag at both ends, so bytes of another
+ * object or a chunk out of order are caught by check_bytes. */
+#define STAMPED 32
+static uint8_t fill_byte(uint64_t tag, uint32_t chunk) { return (uint8_t)(tag * 37 + chunk * 11 + 1); }
+
+static void write_bytes(struct store *s, const struct store_obj *o, uint64_t tag)
+{
+    uint32_t n;
+    const struct store_chunk *c = store_obj_chunks(o, &n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *p = store_base(s) + c[i].off;
+        memset(p, fill_byte(tag, i), c[i].len);
+        if (c[i].len >= STAMPED) {
+            gk_store64(p, tag);
+            gk_store64(p + c[i].len - 8, tag);
+        }
+    }
+}
+
+static void check_bytes(struct store *s, const struct store_obj *o, uint64_t tag)
+{
+    uint32_t n;
+    const struct store_chunk *c = store_obj_chunks(o, &n);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *p = store_base(s) + c[i].off;
+        CHECK(c[i].off + c[i].len <= store_capacity(s), "chunk %u outside the pool", i);
+        total += c[i].len;
+        uint64_t edge = 0;
+        if (c[i].len >= STAMPED) {
+            CHECK_EQ(gk_load64(p), tag);
+            CHECK_EQ(gk_load64(p + c[i].len - 8), tag);
+            edge = 8;
+        }
+        uint64_t probes[] = {edge, c[i].len / 2, c[i].len - 1 - edge};
+        for (size_t k = 0; k < GK_ARRAY_LEN(probes); k++)
+            CHECK_EQ(p[probes[k]], fill_byte(tag, i));
+    }
+    CHECK_EQ(total, store_obj_size(o));
+    CHECK_EQ(n, alloc_nchunks(store_obj_size(o)));
+}
+
+static int32_t reserve1(struct store *s, const char *ns, const char *key, uint64_t size,
+                        struct store_obj **o)
+{
+    struct gk_ns space = ns_of(ns);
+    struct gk_entry e = entry_of(key, size);
+    int32_t status;
+    store_reserve_batch(s, &space, &e, 1, o, &status);
+    CHECK((status == 0) == (*o != NULL), "reserve status %d with object %p", status, (void *)*o);
+    return status;
+}
+
+/* Reserve, fill with tag's bytes, commit. */
+static int32_t put(struct store *s, const char *ns, const char *key, uint64_t size, uint64_t tag)
+{
+    struct store_obj *o;
+    int32_t status = reserve1(s, ns, key, size, &o);
+    if (status == 0) {
+        write_bytes(s, o, tag);
+        store_commit_batch(s, &o, 1);
+    }
+    return status;
+}
+
+static int32_t pin1(struct store *s, const char *ns, const char *key, int touch, struct store_obj **o)
+{
+    struct gk_ns space = ns_of(ns);
+    struct gk_entry e = entry_of(key, 0);
+    int32_t status;
+    uint64_t size;
+    store_pin_batch(s, &space, &e, 1, touch, o, &status, &size);
+    CHECK(status != 0 || size == store_obj_size(*o), "pin size");
+    return status;
+}
+
+static void unpin1(struct store *s, struct store_obj *o) { store_unpin_batch(s, &o, 1); }
+
+static int present(struct store *s, const char *ns, const char *key)
+{
+    struct gk_ns space = ns_of(ns);
+    struct gk_entry e = entry_of(key, 0);
+    int32_t status;
+    uint64_t size;
+    store_exists_batch(s, &space, &e, 1, &status, &size);
+    CHECK(status == 0 || status == GDRKV_E_NOT_FOUND, "exists status %d", status);
+    return status == 0;
+}
+
+static int32_t delete1(struct store *s, const char *ns, const char *key)
+{
+    struct gk_ns space = ns_of(ns);
+    struct gk_entry e = entry_of(key, 0);
+    int32_t status;
+    store_delete_batch(s, &space, &e, 1, &status);
+    return status;
+}
+
+static uint64_t clear(struct store *s, const char *ns)
+{
+    struct gk_ns space = ns_of(ns);
+    return store_clear_ns(s, &space);
+}
+
+static const char *key_n(char *buf, size_t cap, int i)
+{
+    snprintf(buf, cap, "key-%d", i);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_open_options(void)
+{
+    struct store *s = open_store(10 * MiB + MiB / 2);
+    CHECK_EQ(store_capacity(s), 10 * MiB);
+    CHECK(store_base(s) != NULL && store_pool_fd(s) >= 0, "pool mapped");
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.pool_bytes, 10 * MiB);
+    CHECK_EQ(st.pool_used_bytes, 0);
+    CHECK_EQ(st.hugepages, 0);
+    store_close(s);
+
+    struct store_opts bad[] = {
+        {.memory_bytes = MiB - 1, .high_watermark = 0.9, .low_watermark = 0.8},
+        {.memory_bytes = 4 * MiB, .high_watermark = 0.5, .low_watermark = 0.8},
+        {.memory_bytes = 4 * MiB, .high_watermark = 1.5, .low_watermark = 0.8},
+        {.memory_bytes = 4 * MiB, .high_watermark = 0.9, .low_watermark = 0},
+        {.memory_bytes = 4 * MiB, .high_watermark = NAN, .low_watermark = 0.5},
+    };
+    for (size_t i = 0; i < GK_ARRAY_LEN(bad); i++) {
+        char err[256] = "";
+        CHECK_EQ(store_open(&s, &bad[i], err, sizeof err), GDRKV_E_INVALID);
+        CHECK(s == NULL && err[0], "bad options %zu: no message", i);
+    }
+}
+
+static int hugepages_free(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        sscanf(line, "HugePages_Free: %d", &n);
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* "Require" either gets hugetlb pages or fails with a message saying how
+ * to get them; "try" always opens. */
+static void test_hugepages(void)
+{
+    struct store_opts opts = {.memory_bytes = 8 * MiB, .hugepages = 1, .high_watermark = 1,
+                              .low_watermark = 0.5};
+    struct store *s;
+    char err[256] = "";
+    int rc = store_open(&s, &opts, err, sizeof err);
+    if (hugepages_free() >= 4) {
+        CHECK(rc == 0, "hugepages available but open failed: %s", err);
+        CHECK_EQ(stats_of(s).hugepages, 1);
+        store_close(s);
+    } else {
+        CHECK(rc != 0 && strstr(err, "vm.nr_hugepages"), "required hugepages: rc %d, '%s'", rc, err);
+    }
+    opts.hugepages = -1;
+    CHECK(store_open(&s, &opts, err, sizeof err) == 0, "try hugepages: %s", err);
+    CHECK(put(s, "", "k", 3 * MiB, 1) == 0, "put into a try-hugepages pool");
+    store_close(s);
+}
+
+/* Large enough to split the first touch over threads. */
+static void test_pretouch(void)
+{
+    struct store_opts opts = {.memory_bytes = 512 * MiB, .hugepages = -1, .pretouch = 1,
+                              .high_watermark = 1, .low_watermark = 0.5};
+    struct store *s;
+    char err[256] = "";
+    uint64_t t0 = gk_now_ns();
+    CHECK(store_open(&s, &opts, err, sizeof err) == 0, "pretouch open: %s", err);
+    printf("   pretouched 512 MiB in %.0f ms\n", (double)(gk_now_ns() - t0) / 1e6);
+    CHECK(put(s, "", "k", 5 * MiB, 9) == 0, "put into a pretouched pool");
+    store_close(s);
+}
+
+static void test_roundtrip_sizes(void)
+{
+    static const uint64_t sizes[] = {0, 1, 100, 4096, MiB, 5 * MiB / 2, 3 * MiB + 7};
+    struct store *s = open_store(32 * MiB);
+    struct alloc shape;
+    CHECK(alloc_init(&shape, MiB) == 0, "alloc for footprints");
+    char key[32];
+    uint64_t bytes = 0, footprint = 0;
+    for (size_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
+        CHECK_EQ(put(s, "ns", key_n(key, sizeof key, (int)i), sizes[i], 100 + i), 0);
+        bytes += sizes[i];
+        footprint += alloc_footprint(&shape, sizes[i]);
+    }
+    for (size_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
+        struct store_obj *o;
+        CHECK_EQ(pin1(s, "ns", key_n(key, sizeof key, (int)i), 1, &o), 0);
+        CHECK_EQ(store_obj_size(o), sizes[i]);
+        check_bytes(s, o, 100 + i);
+        unpin1(s, o);
+    }
+    /* The memfd maps the same bytes: what the shm transport will rely on. */
+    uint8_t *shared = mmap(NULL, store_capacity(s), PROT_READ, MAP_SHARED, store_pool_fd(s), 0);
+    CHECK(shared != MAP_FAILED, "mmap of the pool fd");
+    CHECK(memcmp(shared, store_base(s), store_capacity(s)) == 0, "pool fd maps other bytes");
+    munmap(shared, store_capacity(s));
+
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.objects, GK_ARRAY_LEN(sizes));
+    CHECK_EQ(st.object_bytes, bytes);
+    CHECK_EQ(st.pool_used_bytes, footprint);
+    CHECK_EQ(st.puts, GK_ARRAY_LEN(sizes));
+    CHECK_EQ(st.hits, GK_ARRAY_LEN(sizes));
+    CHECK_EQ(st.pinned_objects, 0);
+    CHECK_EQ(st.namespaces, 1);
+    alloc_destroy(&shape);
+    store_close(s);
+}
+
+static void test_put_if_absent(void)
+{
+    struct store *s = open_store(8 * MiB);
+    struct store_obj *first, *other;
+    CHECK_EQ(reserve1(s, "", "k", 1000, &first), 0);
+    CHECK_EQ(reserve1(s, "", "k", 1000, &other), STORE_PRESENT);
+    write_bytes(s, first, 1);
+    store_commit_batch(s, &first, 1);
+    CHECK_EQ(put(s, "", "k", 1000, 2), STORE_PRESENT);
+    CHECK_EQ(put(s, "", "k", 5000, 3), STORE_PRESENT);
+
+    /* The same key twice in one batch: the first reserves, the second is a
+     * duplicate. */
+    struct gk_ns space = ns_of("");
+    struct gk_entry e[2] = {entry_of("twice", 64), entry_of("twice", 64)};
+    struct store_obj *objs[2];
+    int32_t status[2];
+    store_reserve_batch(s, &space, e, 2, objs, status);
+    CHECK(status[0] == 0 && status[1] == STORE_PRESENT && objs[1] == NULL, "duplicate in a batch");
+    store_commit_batch(s, objs, 2);
+
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "", "k", 0, &o), 0);
+    CHECK_EQ(store_obj_size(o), 1000);
+    check_bytes(s, o, 1);
+    unpin1(s, o);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.put_dedup, 4);
+    CHECK_EQ(st.puts, 2);
+    CHECK_EQ(st.objects, 2);
+    store_close(s);
+}
+
+static void test_reserved_is_invisible(void)
+{
+    struct store *s = open_store(8 * MiB);
+    struct store_obj *o, *seen;
+    CHECK_EQ(reserve1(s, "ns", "k", 2 * MiB, &o), 0);
+    CHECK_EQ(pin1(s, "ns", "k", 1, &seen), GDRKV_E_NOT_FOUND);
+    CHECK(seen == NULL, "pin of a reserved object returned it");
+    CHECK(!present(s, "ns", "k"), "reserved object exists");
+    CHECK_EQ(delete1(s, "ns", "k"), GDRKV_E_NOT_FOUND);
+    CHECK_EQ(clear(s, "ns"), 0);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.reserved_objects, 1);
+    CHECK_EQ(st.objects, 0);
+    CHECK_EQ(st.pool_used_bytes, 2 * MiB);
+    CHECK_EQ(st.namespaces, 1);
+
+    write_bytes(s, o, 5);
+    store_commit_batch(s, &o, 1);
+    CHECK(present(s, "ns", "k"), "committed object missing");
+    CHECK_EQ(pin1(s, "ns", "k", 1, &seen), 0);
+    check_bytes(s, seen, 5);
+    unpin1(s, seen);
+
+    /* An aborted reservation leaves nothing behind, and frees the key. */
+    CHECK_EQ(reserve1(s, "other", "a", 3 * MiB, &o), 0);
+    store_abort_batch(s, &o, 1);
+    st = stats_of(s);
+    CHECK_EQ(st.reserved_objects, 0);
+    CHECK_EQ(st.pool_used_bytes, 2 * MiB);
+    CHECK_EQ(st.namespaces, 1);
+    CHECK_EQ(reserve1(s, "other", "a", 10, &o), 0);
+    store_abort_batch(s, &o, 1);
+    store_close(s);
+}
+
+/* Whole-page objects fill an 8-page pool exactly; reserving one more
+ * evicts the least recently used. A touching pin counts as a use, a
+ * non-touching one doesn't. */
+static void test_lru_order(void)
+{
+    struct store *s = open_store(8 * MiB);
+    char key[32];
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    CHECK_EQ(stats_of(s).evictions, 0);
+
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "", "key-0", 1, &o), 0);
+    unpin1(s, o);
+    CHECK_EQ(pin1(s, "", "key-1", 0, &o), 0);
+    unpin1(s, o);
+
+    CHECK_EQ(put(s, "", "key-8", MiB, 8), 0);
+    CHECK(present(s, "", "key-0"), "touched object evicted");
+    CHECK(!present(s, "", "key-1"), "LRU object survived (a pin without touch moved it)");
+    CHECK_EQ(put(s, "", "key-9", MiB, 9), 0);
+    CHECK(!present(s, "", "key-2"), "second LRU object survived");
+    for (int i = 3; i < 10; i++)
+        CHECK(present(s, "", key_n(key, sizeof key, i)), "key-%d evicted out of order", i);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.evictions, 2);
+    CHECK_EQ(st.evicted_bytes, 2 * MiB);
+    CHECK_EQ(st.objects, 8);
+    store_close(s);
+}
+
+static void test_pins_block_eviction(void)
+{
+    struct store *s = open_store(8 * MiB);
+    char key[32];
+    struct store_obj *pinned[8];
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(pin1(s, "", key_n(key, sizeof key, i), 0, &pinned[i]), 0);
+
+    /* The four oldest are pinned: the next four go instead. */
+    for (int i = 8; i < 12; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    for (int i = 0; i < 12; i++)
+        CHECK(present(s, "", key_n(key, sizeof key, i)) == (i < 4 || i >= 8),
+              "key-%d presence after eviction around pins", i);
+    for (int i = 0; i < 4; i++)
+        check_bytes(s, pinned[i], (uint64_t)i);
+
+    /* Everything pinned: no space, and nothing pinned is lost. */
+    for (int i = 8; i < 12; i++)
+        CHECK_EQ(pin1(s, "", key_n(key, sizeof key, i), 0, &pinned[i - 4]), 0);
+    CHECK_EQ(put(s, "", "one-more", 1, 99), GDRKV_E_NO_SPACE);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.put_no_space, 1);
+    CHECK_EQ(st.pinned_objects, 8);
+    CHECK_EQ(st.objects, 8);
+    CHECK_EQ(st.namespaces, 1);
+
+    store_unpin_batch(s, pinned, 8);
+    CHECK_EQ(put(s, "", "one-more", 1, 99), 0);
+    CHECK_EQ(stats_of(s).pinned_objects, 0);
+    store_close(s);
+}
+
+/* A multi-chunk reservation that can't get all its chunks gives back the
+ * ones it got, and a namespace created for it goes away again. */
+static void test_failed_reservation_rolls_back(void)
+{
+    struct store *s = open_store(4 * MiB);
+    struct store_obj *pinned[2], *o;
+    CHECK_EQ(put(s, "", "a", MiB, 1), 0);
+    CHECK_EQ(put(s, "", "b", MiB, 2), 0);
+    CHECK_EQ(pin1(s, "", "a", 0, &pinned[0]), 0);
+    CHECK_EQ(pin1(s, "", "b", 0, &pinned[1]), 0);
+    CHECK_EQ(reserve1(s, "", "big", 3 * MiB, &o), GDRKV_E_NO_SPACE);
+    CHECK_EQ(reserve1(s, "fresh", "big", 5 * MiB / 2, &o), GDRKV_E_NO_SPACE);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.pool_used_bytes, 2 * MiB);
+    CHECK_EQ(st.reserved_objects, 0);
+    CHECK_EQ(st.namespaces, 1);
+    CHECK_EQ(st.put_no_space, 2);
+    CHECK(!present(s, "", "big"), "failed reservation left its key");
+
+    store_unpin_batch(s, pinned, 2);
+    CHECK_EQ(put(s, "", "big", 3 * MiB, 3), 0);
+    CHECK_EQ(stats_of(s).evictions, 1);
+    store_close(s);
+}
+
+/* Reservations are never evicted: a pool full of them has no space. */
+static void test_reservations_not_evictable(void)
+{
+    struct store *s = open_store(4 * MiB);
+    struct gk_ns space = ns_of("w");
+    struct gk_entry e[5] = {entry_of("a", MiB), entry_of("b", MiB), entry_of("c", MiB),
+                            entry_of("d", MiB), entry_of("e", MiB)};
+    struct store_obj *objs[5];
+    int32_t status[5];
+    store_reserve_batch(s, &space, e, 5, objs, status);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(status[i], 0);
+    CHECK_EQ(status[4], GDRKV_E_NO_SPACE);
+    store_commit_batch(s, objs, 5);
+    CHECK_EQ(stats_of(s).objects, 4);
+    /* Now they are committed, a new one may push the oldest out. */
+    CHECK_EQ(put(s, "w", "e", MiB, 1), 0);
+    CHECK_EQ(stats_of(s).evictions, 1);
+    store_close(s);
+}
+
+static void test_delete_defers_free_while_pinned(void)
+{
+    struct store *s = open_store(8 * MiB);
+    struct store_obj *old, *cur;
+    CHECK_EQ(put(s, "", "k", MiB, 1), 0);
+    CHECK_EQ(pin1(s, "", "k", 1, &old), 0);
+    CHECK_EQ(delete1(s, "", "k"), 0);
+    CHECK_EQ(delete1(s, "", "k"), GDRKV_E_NOT_FOUND);
+    CHECK(!present(s, "", "k"), "deleted object still visible");
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.objects, 0);
+    CHECK_EQ(st.pinned_objects, 1);
+    CHECK_EQ(st.pool_used_bytes, MiB);
+    CHECK_EQ(st.deletes, 1);
+    CHECK_EQ(st.namespaces, 0);
+
+    /* The key is free for a new object while the old bytes stay readable. */
+    CHECK_EQ(put(s, "", "k", MiB, 2), 0);
+    CHECK_EQ(stats_of(s).pool_used_bytes, 2 * MiB);
+    check_bytes(s, old, 1);
+    unpin1(s, old);
+    st = stats_of(s);
+    CHECK_EQ(st.pool_used_bytes, MiB);
+    CHECK_EQ(st.pinned_objects, 0);
+    CHECK_EQ(pin1(s, "", "k", 1, &cur), 0);
+    check_bytes(s, cur, 2);
+    unpin1(s, cur);
+
+    /* Closing with a pin still held frees everything (ASan checks). */
+    CHECK_EQ(pin1(s, "", "k", 1, &cur), 0);
+    CHECK_EQ(delete1(s, "", "k"), 0);
+    store_close(s);
+}
+
+static void test_namespaces(void)
+{
+    struct store *s = open_store(16 * MiB);
+    char key[32];
+    CHECK_EQ(put(s, "a", "k", 100, 1), 0);
+    CHECK_EQ(put(s, "b", "k", 200, 2), 0);
+    CHECK_EQ(put(s, "", "k", 300, 3), 0);
+    struct gk_ns unnamed = {NULL, 0};
+    struct gk_entry e = entry_of("k", 0);
+    int32_t status;
+    uint64_t size;
+    store_exists_batch(s, &unnamed, &e, 1, &status, &size);
+    CHECK(status == 0 && size == 300, "default namespace with a NULL name");
+
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "a", "k", 1, &o), 0);
+    check_bytes(s, o, 1);
+    unpin1(s, o);
+    CHECK_EQ(pin1(s, "b", "k", 1, &o), 0);
+    check_bytes(s, o, 2);
+    unpin1(s, o);
+    CHECK(!present(s, "c", "k"), "key visible in a namespace it was never put in");
+    CHECK_EQ(stats_of(s).namespaces, 3);
+
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(put(s, "a", key_n(key, sizeof key, i), 1000, 10), 0);
+    struct store_obj *held;
+    CHECK_EQ(pin1(s, "a", "key-0", 1, &held), 0);
+    struct store_obj *writing;
+    CHECK_EQ(reserve1(s, "a", "in-flight", 100, &writing), 0);
+    CHECK_EQ(clear(s, "a"), 6);
+    CHECK(!present(s, "a", "k") && !present(s, "a", "key-4"), "clear left objects");
+    CHECK(present(s, "b", "k") && present(s, "", "k"), "clear touched other namespaces");
+    check_bytes(s, held, 10);
+    unpin1(s, held);
+    /* The in-flight write survives the clear and lands afterwards. */
+    store_commit_batch(s, &writing, 1);
+    CHECK(present(s, "a", "in-flight"), "reservation lost by clear");
+    CHECK_EQ(clear(s, "a"), 1);
+    CHECK_EQ(clear(s, "a"), 0);
+    CHECK_EQ(clear(s, "never"), 0);
+
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.namespaces, 2);
+    CHECK_EQ(st.objects, 2);
+    CHECK_EQ(st.deletes, 7);
+    CHECK_EQ(st.pool_used_bytes, 256 + 320); /* the 200- and 300-byte objects left */
+    store_close(s);
+}
+
+static void test_watermarks(void)
+{
+    struct store *s = open_store_wm(16 * MiB, 0.75, 0.5);
+    char key[32];
+    for (int i = 0; i < 12; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    CHECK_EQ(store_maintain(s), 0); /* 75% is not above the high watermark */
+
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "", "key-0", 0, &o), 0);
+    CHECK_EQ(put(s, "", "key-12", MiB, 12), 0);
+    CHECK_EQ(store_maintain(s), 5); /* 13 MiB down to 8, skipping the pinned key-0 */
+    for (int i = 0; i < 13; i++)
+        CHECK(present(s, "", key_n(key, sizeof key, i)) == (i == 0 || i > 5),
+              "key-%d after maintain", i);
+    CHECK_EQ(stats_of(s).pool_used_bytes, 8 * MiB);
+    unpin1(s, o);
+    CHECK_EQ(store_maintain(s), 0);
+
+    /* Between the watermarks nothing happens until use crosses high again. */
+    for (int i = 13; i < 17; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    CHECK_EQ(store_maintain(s), 0);
+    CHECK_EQ(put(s, "", "key-17", MiB, 17), 0);
+    CHECK_EQ(store_maintain(s), 5);
+    CHECK_EQ(stats_of(s).evictions, 10);
+    store_close(s);
+}
+
+static void test_limits(void)
+{
+    struct store *s = open_store(8 * MiB);
+    struct store_obj *o;
+    CHECK_EQ(reserve1(s, "", "too-big", 8 * MiB + 1, &o), GDRKV_E_TOO_LARGE);
+    CHECK_EQ(reserve1(s, "", "way-too-big", GK_MAX_OBJECT + 1, &o), GDRKV_E_TOO_LARGE);
+    CHECK_EQ(put(s, "", "whole-pool", 8 * MiB, 1), 0);
+    CHECK_EQ(put(s, "", "pushes-it-out", 1, 2), 0);
+    CHECK(!present(s, "", "whole-pool"), "evicted to make room");
+
+    static char long_key[GK_MAX_KEY_LEN + 2];
+    memset(long_key, 'x', GK_MAX_KEY_LEN);
+    CHECK_EQ(put(s, "", long_key, 10, 3), 0);
+    CHECK(present(s, "", long_key), "a maximum-length key works");
+    long_key[GK_MAX_KEY_LEN] = 'x';
+    CHECK_EQ(reserve1(s, "", long_key, 10, &o), GDRKV_E_INVALID);
+    CHECK_EQ(reserve1(s, "", "", 10, &o), GDRKV_E_INVALID);
+
+    char long_ns[GK_MAX_NS_LEN + 2];
+    memset(long_ns, 'n', sizeof long_ns - 1);
+    long_ns[sizeof long_ns - 1] = 0;
+    CHECK_EQ(reserve1(s, long_ns, "k", 10, &o), GDRKV_E_INVALID);
+    CHECK_EQ(pin1(s, long_ns, "k", 0, &o), GDRKV_E_NOT_FOUND);
+    long_ns[GK_MAX_NS_LEN] = 0;
+    CHECK_EQ(put(s, long_ns, "k", 10, 4), 0);
+
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.put_no_space, 0);
+    CHECK_EQ(st.reserved_objects, 0);
+    store_close(s);
+}
+
+/* A pool full of small objects: a multi-page object is made of whole pages,
+ * so eviction must empty entire pages before it fits. */
+static void test_big_object_evicts_small_ones(void)
+{
+    struct store *s = open_store(8 * MiB);
+    char key[32];
+    int n = 0;
+    while (stats_of(s).evictions == 0)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, n++), 100000, 1), 0);
+    CHECK_EQ(put(s, "", "big", 3 * MiB, 7), 0);
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "", "big", 0, &o), 0);
+    check_bytes(s, o, 7);
+    unpin1(s, o);
+    CHECK(present(s, "", key_n(key, sizeof key, n - 1)), "newest small object evicted");
+    store_close(s);
+}
+
+/* --------------------------------------------------------- random model */
+
+/*
+ * Random operations with a fixed seed against a shadow model. The model
+ * cannot predict which objects eviction picks, so after every step it asks
+ * the store which committed keys are gone, and checks that only unpinned
+ * ones went and that the eviction counters agree; then every counter and
+ * pool_used_bytes must match what the model computes.
+ */
+enum { M_NS = 3, M_KEYS = 64, M_OBJS = 8192, M_PINS = 16, M_RESV = 6, M_OPS = 6000 };
+enum m_state { M_FREE, M_RESERVED, M_COMMITTED, M_UNLINKED };
+
+struct m_obj {
+    enum m_state state;
+    uint64_t size;
+    uint32_t pins;
+    int ns, key;
+    struct store_obj *real;
+};
+
+struct model {
+    struct store *s;
+    struct alloc shape;             /* for footprints */
+    struct m_obj objs[M_OBJS];
+    int nobjs;
+    int current[M_NS][M_KEYS];      /* the key's reserved or committed object, or -1 */
+    int pins[M_PINS], npins;        /* pinned objects, one entry per pin */
+    int resv[M_RESV], nresv;
+    uint64_t evictions, evicted_bytes;
+};
+
+static const char *const m_ns_names[M_NS] = {"", "model-a", "model-b"};
+
+static const char *m_key(int k)
+{
+    static char buf[32];
+    snprintf(buf, sizeof buf, "k%d", k);
+    return buf;
+}
+
+static uint64_t m_size(uint64_t r)
+{
+    static const uint64_t sizes[] = {0, 100, 5000, 70000, 300000, MiB, 5 * MiB / 2};
+    return r % 3 ? sizes[(r >> 4) % GK_ARRAY_LEN(sizes)] : (r >> 4) % (3 * MiB);
+}
+
+static void m_put(struct model *m, uint64_t r, int hold)
+{
+    int ns = (int)(r % M_NS), k = (int)((r >> 8) % M_KEYS);
+    uint64_t size = m_size(r >> 16);
+    struct store_obj *o;
+    int32_t status = reserve1(m->s, m_ns_names[ns], m_key(k), size, &o);
+    if (m->current[ns][k] >= 0) {
+        CHECK_EQ(status, STORE_PRESENT);
+        return;
+    }
+    if (status == GDRKV_E_NO_SPACE)
+        return; /* possible when pins and reservations hold most of the pool */
+    CHECK_EQ(status, 0);
+    CHECK(m->nobjs < M_OBJS, "model full");
+    int id = m->nobjs++;
+    m->objs[id] = (struct m_obj){M_RESERVED, size, 0, ns, k, o};
+    m->current[ns][k] = id;
+    write_bytes(m->s, o, (uint64_t)id);
+    if (hold && m->nresv < M_RESV) {
+        m->resv[m->nresv++] = id;
+    } else if ((r >> 40) % 8 != 0) {
+        store_commit_batch(m->s, &o, 1);
+        m->objs[id].state = M_COMMITTED;
+    } else {
+        store_abort_batch(m->s, &o, 1);
+        m->objs[id].state = M_FREE;
+        m->current[ns][k] = -1;
+    }
+}
+
+static void m_commit_held(struct model *m)
+{
+    for (int i = 0; i < m->nresv; i++) {
+        struct m_obj *mo = &m->objs[m->resv[i]];
+        store_commit_batch(m->s, &mo->real, 1);
+        mo->state = M_COMMITTED;
+    }
+    m->nresv = 0;
+}
+
+static void m_pin(struct model *m, uint64_t r)
+{
+    int ns = (int)(r % M_NS), k = (int)((r >> 8) % M_KEYS);
+    struct store_obj *o;
+    int32_t status = pin1(m->s, m_ns_names[ns], m_key(k), (int)(r >> 20) & 1, &o);
+    int id = m->current[ns][k];
+    if (id < 0 || m->objs[id].state != M_COMMITTED) {
+        CHECK_EQ(status, GDRKV_E_NOT_FOUND);
+        return;
+    }
+    CHECK_EQ(status, 0);
+    CHECK(o == m->objs[id].real, "pinned another object");
+    check_bytes(m->s, o, (uint64_t)id);
+    if (m->npins == M_PINS) {
+        unpin1(m->s, o);
+        return;
+    }
+    m->objs[id].pins++;
+    m->pins[m->npins++] = id;
+}
+
+static void m_unpin(struct model *m, uint64_t r)
+{
+    if (m->npins == 0)
+        return;
+    int i = (int)(r % (uint64_t)m->npins), id = m->pins[i];
+    struct m_obj *mo = &m->objs[id];
+    check_bytes(m->s, mo->real, (uint64_t)id); /* intact even if deleted meanwhile */
+    unpin1(m->s, mo->real);
+    m->pins[i] = m->pins[--m->npins];
+    if (--mo->pins == 0 && mo->state == M_UNLINKED)
+        mo->state = M_FREE;
+}
+
+static void m_unlink(struct model *m, int id)
+{
+    struct m_obj *mo = &m->objs[id];
+    m->current[mo->ns][mo->key] = -1;
+    mo->state = mo->pins ? M_UNLINKED : M_FREE;
+}
+
+static void m_delete(struct model *m, uint64_t r)
+{
+    int ns = (int)(r % M_NS), k = (int)((r >> 8) % M_KEYS);
+    int32_t status = delete1(m->s, m_ns_names[ns], m_key(k));
+    int id = m->current[ns][k];
+    if (id < 0 || m->objs[id].state != M_COMMITTED) {
+        CHECK_EQ(status, GDRKV_E_NOT_FOUND);
+        return;
+    }
+    CHECK_EQ(status, 0);
+    m_unlink(m, id);
+}
+
+static void m_clear(struct model *m, uint64_t r)
+{
+    int ns = (int)(r % M_NS);
+    uint64_t expected = 0;
+    for (int k = 0; k < M_KEYS; k++) {
+        int id = m->current[ns][k];
+        if (id >= 0 && m->objs[id].state == M_COMMITTED) {
+            m_unlink(m, id);
+            expected++;
+        }
+    }
+    CHECK_EQ(clear(m->s, m_ns_names[ns]), expected);
+}
+
+/* Finds out what eviction took, then checks every counter. */
+static void m_reconcile(struct model *m)
+{
+    uint64_t objects = 0, bytes = 0, reserved = 0, pinned = 0, used = 0;
+    int spaces = 0;
+    for (int ns = 0; ns < M_NS; ns++) {
+        int live = 0;
+        for (int k = 0; k < M_KEYS; k++) {
+            int id = m->current[ns][k];
+            if (id < 0)
+                continue;
+            struct m_obj *mo = &m->objs[id];
+            if (mo->state == M_COMMITTED && !present(m->s, m_ns_names[ns], m_key(k))) {
+                CHECK(mo->pins == 0, "pinned object %d evicted", id);
+                m->evictions++;
+                m->evicted_bytes += mo->size;
+                m_unlink(m, id);
+                continue;
+            }
+            live = 1;
+        }
+        spaces += live;
+    }
+    for (int id = 0; id < m->nobjs; id++) {
+        const struct m_obj *mo = &m->objs[id];
+        if (mo->state == M_FREE)
+            continue;
+        used += alloc_footprint(&m->shape, mo->size);
+        objects += mo->state == M_COMMITTED;
+        bytes += mo->state == M_COMMITTED ? mo->size : 0;
+        reserved += mo->state == M_RESERVED;
+        pinned += mo->pins > 0;
+    }
+    struct store_stats st = stats_of(m->s);
+    CHECK_EQ(st.evictions, m->evictions);
+    CHECK_EQ(st.evicted_bytes, m->evicted_bytes);
+    CHECK_EQ(st.objects, objects);
+    CHECK_EQ(st.object_bytes, bytes);
+    CHECK_EQ(st.reserved_objects, reserved);
+    CHECK_EQ(st.pinned_objects, pinned);
+    CHECK_EQ(st.pool_used_bytes, used);
+    CHECK_EQ(st.namespaces, spaces);
+    CHECK(st.pool_used_bytes <= st.pool_bytes, "pool overcommitted");
+}
+
+static void test_random_churn_matches_model(void)
+{
+    static struct model m;
+    memset(&m, 0, sizeof m);
+    memset(m.current, -1, sizeof m.current);
+    m.s = open_store_wm(8 * MiB, 0.9, 0.6);
+    CHECK(alloc_init(&m.shape, MiB) == 0, "alloc for footprints");
+    uint64_t seed = 20240601;
+    for (int op = 0; op < M_OPS; op++) {
+        uint64_t r = check_rand(&seed);
+        uint64_t arg = check_rand(&seed);
+        switch (r % 100) {
+        case 0: m_clear(&m, arg); break;
+        case 1: case 2: case 3: store_maintain(m.s); break;
+        case 4: case 5: case 6: case 7: m_commit_held(&m); break;
+        case 8: case 9: case 10: case 11: case 12: case 13: m_put(&m, arg, 1); break;
+        default:
+            if (r % 100 < 50)
+                m_put(&m, arg, 0);
+            else if (r % 100 < 65)
+                m_pin(&m, arg);
+            else if (r % 100 < 85)
+                m_unpin(&m, arg);
+            else
+                m_delete(&m, arg);
+        }
+        m_reconcile(&m);
+    }
+    struct store_stats st = stats_of(m.s);
+    printf("   %d ops: %llu puts, %llu evictions, %llu dedup, %llu no-space\n", M_OPS,
+           (unsigned long long)st.puts, (unsigned long long)st.evictions,
+           (unsigned long long)st.put_dedup, (unsigned long long)st.put_no_space);
+    CHECK(st.evictions > 100 && st.puts > 1000, "the churn did not exercise eviction");
+
+    m_commit_held(&m);
+    while (m.npins)
+        m_unpin(&m, 0);
+    for (int ns = 0; ns < M_NS; ns++)
+        clear(m.s, m_ns_names[ns]);
+    st = stats_of(m.s);
+    CHECK_EQ(st.pool_used_bytes, 0);
+    CHECK_EQ(st.objects + st.reserved_objects + st.pinned_objects + st.namespaces, 0);
+    alloc_destroy(&m.shape);
+    store_close(m.s);
+}
+
+/* ---------------------------------------------------------------- threads */
+
+struct worker {
+    struct store *s;
+    int id;
+    uint64_t ops;
+};
+
+static void *worker_run(void *arg)
+{
+    struct worker *w = arg;
+    uint64_t seed = 1000 + (uint64_t)w->id;
+    const char *spaces[] = {"shared", w->id % 2 ? "odd" : "even"};
+    char key[32];
+    uint64_t deadline = gk_now_ns() + 300 * 1000000ull;
+    while (gk_now_ns() < deadline) {
+        uint64_t r = check_rand(&seed);
+        const char *ns = spaces[r & 1];
+        key_n(key, sizeof key, (int)((r >> 8) % 200));
+        struct store_obj *o;
+        switch ((r >> 16) % 4) {
+        case 0:
+        case 1:
+            put(w->s, ns, key, (r >> 24) % (2 * MiB), 1);
+            break;
+        case 2:
+            if (pin1(w->s, ns, key, 1, &o) == 0)
+                unpin1(w->s, o);
+            break;
+        default:
+            delete1(w->s, ns, key);
+        }
+        if (r % 64 == 0)
+            store_maintain(w->s);
+        w->ops++;
+    }
+    return NULL;
+}
+
+/* Several threads on one store: afterwards no pin or reservation is left
+ * over and clearing every namespace empties the pool. */
+static void test_threads(void)
+{
+    enum { N = 4 };
+    struct store *s = open_store_wm(32 * MiB, 0.9, 0.7);
+    pthread_t threads[N];
+    struct worker workers[N];
+    for (int i = 0; i < N; i++) {
+        workers[i] = (struct worker){s, i, 0};
+        CHECK(pthread_create(&threads[i], NULL, worker_run, &workers[i]) == 0, "thread");
+    }
+    uint64_t ops = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(threads[i], NULL);
+        ops += workers[i].ops;
+    }
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.pinned_objects, 0);
+    CHECK_EQ(st.reserved_objects, 0);
+    clear(s, "shared");
+    clear(s, "odd");
+    clear(s, "even");
+    st = stats_of(s);
+    CHECK_EQ(st.objects, 0);
+    CHECK_EQ(st.pool_used_bytes, 0);
+    CHECK_EQ(st.namespaces, 0);
+    printf("   %d threads, %llu ops\n", N, (unsigned long long)ops);
+    store_close(s);
+}
+
+int main(void)
+{
+    RUN(test_open_options);
+    RUN(test_hugepages);
+    RUN(test_pretouch);
+    RUN(test_roundtrip_sizes);
+    RUN(test_put_if_absent);
+    RUN(test_reserved_is_invisible);
+    RUN(test_lru_order);
+    RUN(test_pins_block_eviction);
+    RUN(test_failed_reservation_rolls_back);
+    RUN(test_reservations_not_evictable);
+    RUN(test_delete_defers_free_while_pinned);
+    RUN(test_namespaces);
+    RUN(test_watermarks);
+    RUN(test_limits);
+    RUN(test_big_object_evicts_small_ones);
+    RUN(test_random_churn_matches_model);
+    RUN(test_threads);
+    return check_done("test_store");
+}
