@@ -1,0 +1,83 @@
+/*
+ * server.h - what the files of the server share: the server itself, its
+ * worker threads and their counters.
+ *
+ *   server.c          lifecycle: options, listening socket, threads, stop
+ *   server_worker.c   one epoll loop per thread: accept, dispatch, stalls
+ *   server_conn.c     a connection's non-blocking frame state machine
+ *   server_ops.c      a parsed request -> store calls -> response
+ *   server_payload.c  where a frame's payload bytes go in the pool
+ *   server_stats.c    per-worker counters and the stats text
+ */
+#ifndef GDRKV_SERVER_H
+#define GDRKV_SERVER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "gdrkv.h"
+#include "protocol.h"
+#include "stats.h"
+
+struct server_conn;
+struct store;
+
+#define SERVER_MAX_WORKERS 16
+#define SERVER_TICK_MS 100          /* how often workers look for stalled connections */
+#define SERVER_SCRATCH_SIZE (64u << 10)
+#define SERVER_STATS_MAX (16u << 10)
+
+/* Written only by the worker that owns them, read by whoever asks for
+ * stats: relaxed atomics on both sides, summed over workers at read time. */
+struct server_counters {
+    uint64_t connections_total;
+    uint64_t connections_rejected;
+    uint64_t bytes_in;              /* PUT payload bytes received */
+    uint64_t bytes_out;             /* GET payload bytes sent */
+    uint64_t frames_bad;            /* malformed or rejected frames */
+    uint64_t ops[GK_OP_MAX + 1];
+    uint64_t keys[GK_OP_MAX + 1];
+    struct gk_latency latency[GK_OP_MAX + 1];
+};
+
+struct server_worker {
+    struct gdrkv_server *server;
+    int epoll_fd;
+    int accepting;                  /* listener in this epoll; off for a tick after EMFILE */
+    pthread_t thread;
+    struct server_conn *conns;      /* every connection this worker owns */
+    uint8_t *scratch;               /* sink for payload bytes nobody keeps */
+    struct server_counters counters;
+};
+
+struct gdrkv_server {
+    struct store *store;
+    int listen_fd;
+    int wake_fd;                    /* eventfd; becomes readable when stop begins */
+    char address[300];
+    uint32_t stall_timeout_ms;
+    uint32_t max_connections;
+    uint32_t connections;           /* open connections over all workers (atomic) */
+    uint64_t started_ns;
+    int nworkers;                   /* workers set up (epoll, scratch) */
+    int nthreads;                   /* worker threads actually running */
+    int housekeeper_running;
+    pthread_t housekeeper;
+    struct server_worker workers[SERVER_MAX_WORKERS];
+};
+
+/* server_worker.c; init cleans up after itself when it fails. */
+int server_worker_init(struct server_worker *w, struct gdrkv_server *s);
+void *server_worker_main(void *arg);
+void server_worker_destroy(struct server_worker *w);
+
+/* server_stats.c */
+static inline void server_count(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, uint64_t latency_us);
+/* Appends every server counter and the store's stats as "name value" lines. */
+void server_stats_text(struct gdrkv_server *s, struct gk_text *t);
+
+#endif

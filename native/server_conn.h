@@ -1,0 +1,89 @@
+/*
+ * server_conn.h - one client connection of the server: a non-blocking
+ * state machine that reads a frame (header, body, and for PUT the payload
+ * straight into reserved pool chunks), has it executed (server_ops.c), and
+ * writes the response (for GET the values straight from pinned chunks).
+ * A connection belongs to the worker that accepted it and is only ever
+ * touched by that worker's thread.
+ */
+#ifndef GDRKV_SERVER_CONN_H
+#define GDRKV_SERVER_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "server.h"
+#include "server_payload.h"
+
+enum server_conn_state {
+    CONN_READ_HDR,          /* between frames, or part of a header read */
+    CONN_READ_BODY,
+    CONN_SKIP,              /* dropping body and payload of a frame we can't serve */
+    CONN_READ_PAYLOAD,      /* PUT values, into reserved chunks */
+    CONN_WRITE              /* response, then GET values from pinned chunks */
+};
+
+/* What the frame in progress holds in the store. Released when the frame
+ * ends or the connection dies, whichever comes first. */
+enum server_conn_hold {
+    CONN_HOLDS_NOTHING,
+    CONN_HOLDS_PINS,        /* GET objects being sent */
+    CONN_HOLDS_RESERVATIONS /* PUT objects being received */
+};
+
+/* The per-key arrays of the frame in progress; they keep the largest size
+ * seen so far (at most GK_MAX_KEYS entries). */
+struct server_batch {
+    uint32_t cap;
+    struct gk_entry *entries;
+    struct store_obj **objs;
+    uint64_t *sizes;
+    int32_t *status;
+};
+
+struct server_conn {
+    int fd;
+    struct server_worker *worker;
+    struct server_conn *prev, *next; /* the worker's list */
+    enum server_conn_state state;
+    enum server_conn_hold holds;
+    uint32_t events;                /* epoll interest registered now */
+    int close_after_write;          /* the stream can't be trusted past this frame */
+    int frame_executed;             /* counts in the per-op stats once written */
+    uint64_t last_progress_ns;      /* last time a byte moved: stall detection */
+    uint64_t frame_start_ns;        /* header complete: op latency */
+
+    uint8_t hdr_raw[GK_HDR_SIZE];
+    uint32_t hdr_got;
+    struct gk_hdr req;
+
+    uint8_t *body;
+    size_t body_cap;
+    uint32_t body_got;
+    uint64_t skip_left;
+
+    struct gk_ns ns;                /* points into body */
+    struct server_batch batch;
+    struct server_payload payload;
+
+    uint8_t *out;                   /* response header + body */
+    size_t out_cap, out_len, out_sent;
+};
+
+/* Takes over an accepted socket. Returns 0, or -1 with fd left to the caller. */
+int server_conn_open(struct server_worker *w, int fd);
+/* Runs the state machine as far as the socket allows (bounded, so one busy
+ * client can't starve the others); may close and free c. */
+void server_conn_on_event(struct server_conn *c);
+/* Mid-frame and no byte moved for the server's stall timeout. */
+int server_conn_stalled(const struct server_conn *c, uint64_t now_ns);
+/* Releases what the frame holds in the store, closes and frees c. */
+void server_conn_close(struct server_conn *c);
+
+/* Starts the response to the current request: encodes the header and
+ * returns where its body_len body bytes go, or NULL when out of memory. */
+uint8_t *server_conn_response(struct server_conn *c, int32_t status, uint32_t count,
+                              uint32_t body_len, uint64_t payload_len);
+
+#endif

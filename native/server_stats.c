@@ -1,0 +1,83 @@
+/*
+ * server_stats.c - the server's counters as "name value" lines: the
+ * store's own stats, then the workers' counters summed at read time.
+ */
+#include <stdio.h>
+
+#include "common.h"
+#include "server.h"
+#include "store.h"
+
+static uint64_t load(const uint64_t *counter)
+{
+    return __atomic_load_n(counter, __ATOMIC_RELAXED);
+}
+
+void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, uint64_t latency_us)
+{
+    server_count(&c->ops[opcode], 1);
+    server_count(&c->keys[opcode], keys);
+    gk_latency_record(&c->latency[opcode], latency_us);
+}
+
+static void sum_counters(struct server_counters *sum, const struct server_counters *c)
+{
+    sum->connections_total += load(&c->connections_total);
+    sum->connections_rejected += load(&c->connections_rejected);
+    sum->bytes_in += load(&c->bytes_in);
+    sum->bytes_out += load(&c->bytes_out);
+    sum->frames_bad += load(&c->frames_bad);
+    for (int op = 1; op <= GK_OP_MAX; op++) {
+        sum->ops[op] += load(&c->ops[op]);
+        sum->keys[op] += load(&c->keys[op]);
+        gk_latency_merge(&sum->latency[op], &c->latency[op]);
+    }
+}
+
+/* Each line is named after the field it prints, so names can't drift. */
+#define STORE_LINE(field) gk_text_u64(t, #field, (uint64_t)st.field)
+#define COUNTER_LINE(field) gk_text_u64(t, #field, sum.field)
+
+void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
+{
+    struct store_stats st;
+    struct server_counters sum = {0};
+    char name[64];
+
+    store_get_stats(s->store, &st);
+    STORE_LINE(pool_bytes);
+    STORE_LINE(pool_used_bytes);
+    STORE_LINE(objects);
+    STORE_LINE(object_bytes);
+    STORE_LINE(reserved_objects);
+    STORE_LINE(pinned_objects);
+    STORE_LINE(hits);
+    STORE_LINE(misses);
+    STORE_LINE(puts);
+    STORE_LINE(put_dedup);
+    STORE_LINE(put_no_space);
+    STORE_LINE(evictions);
+    STORE_LINE(evicted_bytes);
+    STORE_LINE(deletes);
+    STORE_LINE(namespaces);
+    STORE_LINE(hugepages);
+
+    for (int i = 0; i < s->nworkers; i++)
+        sum_counters(&sum, &s->workers[i].counters);
+    gk_text_u64(t, "uptime_seconds", (gk_now_ns() - s->started_ns) / 1000000000ull);
+    gk_text_u64(t, "workers", (uint64_t)s->nworkers);
+    gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));
+    COUNTER_LINE(connections_total);
+    COUNTER_LINE(connections_rejected);
+    COUNTER_LINE(bytes_in);
+    COUNTER_LINE(bytes_out);
+    COUNTER_LINE(frames_bad);
+    for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
+        snprintf(name, sizeof name, "ops_%s", gk_op_name(op));
+        gk_text_u64(t, name, sum.ops[op]);
+        snprintf(name, sizeof name, "keys_%s", gk_op_name(op));
+        gk_text_u64(t, name, sum.keys[op]);
+        snprintf(name, sizeof name, "latency_%s", gk_op_name(op));
+        gk_text_latency(t, name, &sum.latency[op]);
+    }
+}

@@ -1,0 +1,149 @@
+/*
+ * server_worker.c - a worker thread: its own epoll instance holding the
+ * shared listening socket (EPOLLEXCLUSIVE, so one worker wakes per new
+ * connection), the stop eventfd, and the connections it accepted. It wakes
+ * at least every SERVER_TICK_MS to close connections that stalled mid-frame.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "log.h"
+#include "net.h"
+#include "server.h"
+#include "server_conn.h"
+
+#define WORKER_EVENTS 256
+/* Accepts per wakeup, so a burst of connections spreads over the workers. */
+#define WORKER_ACCEPTS 32
+
+/* epoll data of the two fds that are not connections */
+static char listen_token, wake_token;
+
+static int watch_listener(struct server_worker *w)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = &listen_token};
+    if (epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->server->listen_fd, &ev) < 0)
+        return -1;
+    w->accepting = 1;
+    return 0;
+}
+
+/* Out of file descriptors: the listener would stay readable and spin the
+ * loop, so leave it alone until the next tick. */
+static void pause_accepting(struct server_worker *w, int err)
+{
+    GK_WARN("accept: %s; pausing for %d ms", strerror(err), SERVER_TICK_MS);
+    epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, w->server->listen_fd, NULL);
+    w->accepting = 0;
+}
+
+void server_worker_destroy(struct server_worker *w)
+{
+    if (w->epoll_fd >= 0)
+        close(w->epoll_fd);
+    free(w->scratch);
+}
+
+int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
+{
+    struct epoll_event wake = {.events = EPOLLIN, .data.ptr = &wake_token};
+
+    w->server = s;
+    w->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    w->scratch = malloc(SERVER_SCRATCH_SIZE);
+    if (w->epoll_fd < 0 || !w->scratch ||
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0 || watch_listener(w) < 0) {
+        int saved = errno;
+        server_worker_destroy(w);
+        errno = saved;
+        return -1;
+    }
+    return 0;
+}
+
+static void accept_connections(struct server_worker *w)
+{
+    struct gdrkv_server *s = w->server;
+
+    for (int i = 0; i < WORKER_ACCEPTS; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                pause_accepting(w, errno);
+            return;     /* EAGAIN: the queue is empty, or another worker was quicker */
+        }
+        /* Take a slot; server_conn_close gives it back. */
+        if (__atomic_fetch_add(&s->connections, 1, __ATOMIC_RELAXED) >= s->max_connections) {
+            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+            server_count(&w->counters.connections_rejected, 1);
+            close(fd);
+            GK_DEBUG("connection refused: max_connections %u reached", s->max_connections);
+            continue;
+        }
+        gk_set_nodelay(fd);
+        if (server_conn_open(w, fd) < 0) {
+            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+            close(fd);
+            GK_WARN("cannot set up a connection: %s", strerror(errno));
+            continue;
+        }
+        server_count(&w->counters.connections_total, 1);
+    }
+}
+
+static void tick(struct server_worker *w, uint64_t now_ns)
+{
+    struct server_conn *c = w->conns;
+    while (c) {
+        struct server_conn *next = c->next;
+        if (server_conn_stalled(c, now_ns)) {
+            GK_DEBUG("fd %d: no progress mid-frame for %u ms, closing", c->fd,
+                     w->server->stall_timeout_ms);
+            server_conn_close(c);
+        }
+        c = next;
+    }
+    if (!w->accepting && watch_listener(w) < 0)
+        GK_WARN("cannot watch the listening socket again: %s", strerror(errno));
+}
+
+void *server_worker_main(void *arg)
+{
+    struct server_worker *w = arg;
+    struct epoll_event events[WORKER_EVENTS];
+    uint64_t tick_ns = SERVER_TICK_MS * 1000000ull;
+    uint64_t next_tick = gk_now_ns() + tick_ns;
+    int stopping = 0;
+
+    while (!stopping) {
+        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, SERVER_TICK_MS);
+        if (n < 0 && errno != EINTR) {
+            GK_ERROR("epoll_wait: %s; worker stops", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = events[i].data.ptr;
+            if (p == &wake_token)
+                stopping = 1;
+            else if (p == &listen_token)
+                accept_connections(w);
+            else
+                server_conn_on_event(p);
+        }
+        uint64_t now = gk_now_ns();
+        if (now >= next_tick) {
+            tick(w, now);
+            next_tick = now + tick_ns;
+        }
+    }
+    while (w->conns)
+        server_conn_close(w->conns);
+    return NULL;
+}
