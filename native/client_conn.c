@@ -1,0 +1,332 @@
+/*
+ * client_conn.c - see client_conn.h.
+ *
+ * The response header and the body we expect are asked for in one recv,
+ * never more, so the GET values that follow are left in the socket for
+ * readv to put straight into the caller's segments. Every length and count
+ * in a response is checked against the request before a value byte is
+ * read; any mismatch fails the connection, which is then closed, so nothing
+ * late can ever land in a buffer the caller got back.
+ */
+#include "client_conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "gdrkv.h"
+#include "log.h"
+
+/* Of an error response's message, what the debug log shows. */
+#define CLIENT_CONN_LOG_MESSAGE 200
+
+struct client_conn *client_conn_open(const struct gk_addr *addr, uint64_t deadline_ns, int *err)
+{
+    int fd = gk_connect_tcp(addr, deadline_ns);
+    if (fd < 0) {
+        *err = fd;
+        return NULL;
+    }
+    struct client_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        *err = GDRKV_E_INTERNAL;
+        return NULL;
+    }
+    c->fd = fd;
+    c->next_req_id = 1;
+    return c;
+}
+
+void client_conn_close(struct client_conn *c)
+{
+    close(c->fd);
+    free(c->body_heap);
+    free(c);
+}
+
+int client_conn_usable(const struct client_conn *c)
+{
+    uint8_t byte;
+    ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+static void encode_request(const struct client_batch *b, const struct client_frame *f,
+                           uint64_t req_id)
+{
+    struct gk_hdr h = {
+        .magic = GK_MAGIC,
+        .version = GK_VERSION,
+        .opcode = b->opcode,
+        .count = f->count,
+        .body_len = f->body_len,
+        .payload_len = f->payload_len,
+        .req_id = req_id,
+    };
+    uint8_t *body = f->buf + GK_HDR_SIZE;
+
+    gk_hdr_encode(&h, f->buf);
+    if (client_op_has_keys(b->opcode))
+        gk_encode_request_body(body, b->ns, f->count, b->keys + f->key_off,
+                               b->key_lens + f->first, b->sizes + f->first);
+    else if (b->opcode == GK_OP_CLEAR)
+        gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
+}
+
+void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
+{
+    c->req_id = c->next_req_id++;
+    encode_request(b, f, c->req_id);
+    c->batch = b;
+    c->frame = f;
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = f->buf + GK_HDR_SIZE;
+    c->why = NULL;
+    client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
+                    b->opcode == GK_OP_PUT ? f->count : 0, b->sizes);
+}
+
+short client_conn_events(const struct client_conn *c)
+{
+    return c->phase == CLIENT_CONN_SEND ? POLLOUT : POLLIN;
+}
+
+/* ------------------------------------------------------------ failures */
+
+/* A send or receive that moved nothing: 0 when the socket merely has to
+ * wait, else the connection is gone. */
+static int stalled_or_lost(struct client_conn *c, ssize_t n)
+{
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n == 0) {
+        c->why = "connection closed by the server";
+    } else {
+        c->why = "connection reset";
+        GK_DEBUG("fd %d: %s", c->fd, strerror(errno));
+    }
+    return GDRKV_E_UNAVAILABLE;
+}
+
+static int broken(struct client_conn *c, const char *why)
+{
+    c->why = why;
+    GK_DEBUG("fd %d: bad %s response: %s", c->fd, gk_op_name(c->batch->opcode), why);
+    return GDRKV_E_PROTOCOL;
+}
+
+/* ------------------------------------------------------------ sending */
+
+static int send_request(struct client_conn *c)
+{
+    while (client_iov_left(&c->io)) {
+        int count;
+        size_t want;
+        struct msghdr msg = {0};
+        msg.msg_iov = (struct iovec *)client_iov_window(&c->io, &count, &want);
+        msg.msg_iovlen = (size_t)count;
+        /* MSG_NOSIGNAL: a server gone mid-frame is an error code, never SIGPIPE. */
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_sent += (uint64_t)n;
+        client_iov_advance(&c->io, (size_t)n);
+        if ((size_t)n < want)
+            return 0;   /* socket buffer full: wait for POLLOUT */
+    }
+    c->phase = CLIENT_CONN_RECV_HEAD;
+    return 0;
+}
+
+/* ------------------------------------------------------------ receiving */
+
+static uint32_t expected_count(const struct client_conn *c)
+{
+    return client_response_count(c->batch->opcode, c->frame->count);
+}
+
+/* Checks the response header against the request, before the body is
+ * trusted or any byte reaches the caller. */
+static int take_header(struct client_conn *c)
+{
+    struct gk_hdr *h = &c->resp;
+    uint8_t op = c->batch->opcode;
+
+    gk_hdr_decode(c->frame->buf, h);
+    c->resp_decoded = 1;
+    if (h->magic != GK_MAGIC || h->version != GK_VERSION)
+        return broken(c, "not a gdrkv response");
+    if (h->opcode != (op | GK_OP_RESPONSE) || h->req_id != c->req_id)
+        return broken(c, "answer to another request");
+    if (h->body_len > GK_MAX_BODY || c->got > GK_HDR_SIZE + (size_t)h->body_len)
+        return broken(c, "body length out of bounds");
+    if (h->status > 0)
+        return broken(c, "positive frame status");
+    if (h->status < 0 && (h->count != 0 || h->payload_len != 0))
+        return broken(c, "error response with results");
+    if (h->status == 0) {
+        uint32_t count = expected_count(c);
+        if (h->count != count)
+            return broken(c, "result count differs from the key count");
+        if (op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
+            return broken(c, "body length differs from the result count");
+        if (op != GK_OP_GET && h->payload_len != 0)
+            return broken(c, "payload on an op that has none");
+    }
+    /* STATS text and error messages may outgrow the frame buffer; the
+     * GK_MAX_BODY check above bounds this allocation. */
+    if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
+        c->body_heap = malloc(h->body_len);
+        if (!c->body_heap) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        memcpy(c->body_heap, c->body, c->got - GK_HDR_SIZE);
+        c->body = c->body_heap;
+    }
+    return 0;
+}
+
+/* Writes the keys' results. A GET's announced sizes are checked against
+ * the destinations and the payload length before the values are read. */
+static int take_results(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint8_t op = b->opcode;
+    uint64_t payload = 0;
+
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        int64_t result = r.status;
+        uint64_t carried = 0;
+        if (r.status == 0) {
+            if (r.size > GK_MAX_OBJECT)
+                return broken(c, "object size over the limit");
+            if (op == GK_OP_GET && r.size > b->sizes[p])
+                return broken(c, "object larger than its destination");
+            carried = op == GK_OP_GET ? r.size : 0;
+            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
+        }
+        if (op == GK_OP_GET) {
+            b->got[p] = carried;
+            payload += carried;
+        }
+        b->results[b->index[p]] = result;
+    }
+    if (payload != c->resp.payload_len)
+        return broken(c, "payload length differs from the object sizes");
+    if (payload)
+        client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+    return 0;
+}
+
+static int take_body(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+    const struct gk_hdr *h = &c->resp;
+    int rc = 0;
+
+    if (h->status) {
+        GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
+                 gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
+                 (const char *)c->body);
+        client_frame_fail(b, f, h->status);
+    } else if (client_op_has_keys(b->opcode)) {
+        rc = take_results(c);
+    } else if (b->opcode == GK_OP_CLEAR) {
+        struct gk_result r;
+        gk_result_decode(c->body, &r);
+        if (r.status > 0 || r.size > INT64_MAX)
+            rc = broken(c, "bad clear result");
+        f->result = r.status < 0 ? r.status : (int64_t)r.size;
+    } else if (b->opcode == GK_OP_STATS) {
+        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
+        memcpy(b->text, c->body, len);
+        b->text[len] = '\0';
+        f->result = (int64_t)len;
+    } else {
+        f->result = 0;
+    }
+    free(c->body_heap);
+    c->body_heap = NULL;
+    if (rc)
+        return rc;
+    /* Only a GET has a payload, and take_results has set up its stream. */
+    if (h->status || h->payload_len == 0)
+        return 1;
+    c->phase = CLIENT_CONN_RECV_PAYLOAD;
+    return 0;
+}
+
+/* Header and body; the first recv asks for exactly the body a success
+ * would have, a longer one (STATS, error text) is read once known. */
+static int recv_head(struct client_conn *c)
+{
+    for (;;) {
+        size_t body_len = c->resp_decoded ? c->resp.body_len
+                                          : (size_t)expected_count(c) * GK_RESULT_SIZE;
+        size_t want = GK_HDR_SIZE + body_len - c->got;
+        uint8_t *dst = c->got < GK_HDR_SIZE ? c->frame->buf + c->got
+                                            : c->body + (c->got - GK_HDR_SIZE);
+        ssize_t n = recv(c->fd, dst, want, 0);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_received += (uint64_t)n;
+        c->got += (size_t)n;
+        if (!c->resp_decoded && c->got >= GK_HDR_SIZE) {
+            int rc = take_header(c);
+            if (rc)
+                return rc;
+        }
+        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
+            return take_body(c);
+        if ((size_t)n < want)
+            return 0;
+    }
+}
+
+static int recv_payload(struct client_conn *c)
+{
+    while (client_iov_left(&c->io)) {
+        int count;
+        size_t want;
+        const struct iovec *iov = client_iov_window(&c->io, &count, &want);
+        ssize_t n = readv(c->fd, iov, count);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_received += (uint64_t)n;
+        client_iov_advance(&c->io, (size_t)n);
+        if ((size_t)n < want)
+            return 0;
+    }
+    return 1;
+}
+
+int client_conn_progress(struct client_conn *c)
+{
+    switch (c->phase) {
+    case CLIENT_CONN_SEND:
+        return send_request(c);
+    case CLIENT_CONN_RECV_PAYLOAD:
+        return recv_payload(c);
+    case CLIENT_CONN_RECV_HEAD:
+        break;
+    }
+    int rc = recv_head(c);
+    /* The values usually arrive with the header: read them now. */
+    return rc == 0 && c->phase == CLIENT_CONN_RECV_PAYLOAD ? recv_payload(c) : rc;
+}

@@ -1,0 +1,66 @@
+/*
+ * client_conn.h - one client connection to a store server: a non-blocking
+ * state machine that sends a frame (header and body from the frame's
+ * buffer, PUT values from the caller's segments) and receives its response
+ * (header and body, then GET values straight into the caller's segments).
+ * The caller polls the fd for client_conn_events() and calls
+ * client_conn_progress() when it is ready; one frame is in flight at a time.
+ *
+ * A connection is owned by one thread at a time: the call that checked it
+ * out of its server's idle pool.
+ */
+#ifndef GDRKV_CLIENT_CONN_H
+#define GDRKV_CLIENT_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client_batch.h"
+#include "client_iov.h"
+#include "net.h"
+#include "protocol.h"
+
+enum client_conn_phase {
+    CLIENT_CONN_SEND,           /* request header, body, PUT values */
+    CLIENT_CONN_RECV_HEAD,      /* response header and body */
+    CLIENT_CONN_RECV_PAYLOAD    /* GET values */
+};
+
+struct client_conn {
+    int fd;
+    uint64_t next_req_id;
+
+    /* The frame in flight. */
+    enum client_conn_phase phase;
+    struct client_batch *batch;
+    struct client_frame *frame;
+    uint64_t req_id;
+    struct gk_hdr resp;
+    int resp_decoded;
+    size_t got;                 /* response header + body bytes received */
+    uint8_t *body;              /* where the response body goes */
+    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
+    const char *why;            /* what failed, for the log */
+    struct client_iov io;
+};
+
+/* Connects within deadline_ns; NULL with *err = GDRKV_E_TIMEOUT,
+ * GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+struct client_conn *client_conn_open(const struct gk_addr *addr, uint64_t deadline_ns, int *err);
+void client_conn_close(struct client_conn *c);
+
+/* Whether an idle connection can carry a frame: the server has neither
+ * closed it (restart, idle timeout) nor sent anything unasked. */
+int client_conn_usable(const struct client_conn *c);
+
+void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f);
+/* POLLOUT while sending, POLLIN while receiving. */
+short client_conn_events(const struct client_conn *c);
+/* Moves what the socket allows. Returns 1 when the frame is answered (its
+ * results are written and the connection is ready for the next frame), 0
+ * when it waits for the socket, or a negative gdrkv_error when the
+ * connection failed (c->why says how): it must then be closed, and the
+ * frame's results are for the caller to set. */
+int client_conn_progress(struct client_conn *c);
+
+#endif
