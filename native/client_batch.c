@@ -237,12 +237,14 @@ static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg
     uint32_t len = k->key_lens[i];
 
     *size = 0;
+    /* Key length and segment count are the caller's arguments (INVALID);
+     * TOO_LARGE is kept for the object's size. */
     if (!key_len_ok(len))
-        return len ? GDRKV_E_TOO_LARGE : GDRKV_E_INVALID;
+        return GDRKV_E_INVALID;
     if (!k->seg_counts)
         return 0;
     if (k->seg_counts[i] > GK_MAX_SEGMENTS)
-        return GDRKV_E_TOO_LARGE;
+        return GDRKV_E_INVALID;
     for (uint64_t s = first_seg; s < first_seg + k->seg_counts[i]; s++) {
         if (k->seg_lens[s] && !k->seg_ptrs[s])
             return GDRKV_E_INVALID;

@@ -450,7 +450,7 @@ static void test_key_results(gdrkv_client *c)
     CHECK_EQ(get(c, b), 0);
     CHECK_EQ(b->results[0], sizeof first);
     CHECK_EQ(b->results[1], GDRKV_E_INVALID);
-    CHECK_EQ(b->results[2], GDRKV_E_TOO_LARGE);
+    CHECK_EQ(b->results[2], GDRKV_E_INVALID);
 
     b->n = b->nsegs = 0;
     b->keys_used = 0;
@@ -464,7 +464,7 @@ static void test_key_results(gdrkv_client *c)
     CHECK_EQ(put(c, b), 0);
     CHECK_EQ(b->results[0], GDRKV_E_INVALID);
     CHECK_EQ(b->results[1], GDRKV_E_TOO_LARGE);
-    CHECK_EQ(b->results[2], GDRKV_E_TOO_LARGE);
+    CHECK_EQ(b->results[2], GDRKV_E_INVALID);
 
     CHECK_EQ(gdrkv_batch_get(c, 1, NULL, b->key_lens, b->seg_ptrs, b->seg_lens, b->seg_counts,
                              b->results), GDRKV_E_INVALID);
