@@ -1,0 +1,110 @@
+"""The gdrkv command: serve, stat, bench, doctor."""
+import argparse
+import json
+import signal
+import sys
+
+from . import bench, doctor
+from .client import Client
+from .errors import GdrkvError
+from .server import Server
+from .sizes import format_size, parse_size, physical_memory
+from .table import format_table
+
+DEFAULT_LISTEN = "127.0.0.1:7480"
+DEFAULT_MEMORY_SHARE = 0.25
+DEFAULT_MEMORY_CAP = 64 << 30
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="gdrkv", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run a store server until SIGTERM/SIGINT")
+    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                       help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks one)")
+    serve.add_argument("--memory", type=_pool_size, default=_default_pool_size(),
+                       metavar="SIZE|PCT%",
+                       help="pool size, e.g. 16GiB or 25%% of RAM "
+                            "(default 25%% of RAM, at most 64GiB)")
+    serve.add_argument("--workers", type=int, default=0,
+                       help="network threads (default 0: one per CPU, at most 16)")
+    serve.add_argument("--hugepages", choices=("auto", "on", "off"), default="auto")
+    serve.add_argument("--no-pretouch", dest="pretouch", action="store_false",
+                       help="do not fault the pool in at start (faster start, slower first writes)")
+    serve.add_argument("--stall-timeout-ms", type=int, default=30000,
+                       help="close connections stalled mid-frame this long (default 30000)")
+    serve.add_argument("--max-connections", type=int, default=4096)
+    serve.set_defaults(run=_serve)
+
+    stat = commands.add_parser("stat", help="print every server's counters")
+    stat.add_argument("url", help="gdrkv://host:port[,host:port...]")
+    stat.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stat.set_defaults(run=_stat)
+
+    bench_cmd = commands.add_parser("bench", help="measure put/get/exists throughput")
+    bench.add_arguments(bench_cmd)
+    bench_cmd.set_defaults(run=bench.run)
+
+    doctor_cmd = commands.add_parser("doctor", help="report what this machine offers gdrkv")
+    doctor_cmd.set_defaults(run=doctor.run)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (GdrkvError, ValueError) as e:
+        print(f"gdrkv {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+def _serve(args):
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    # Blocked before the server's C threads exist, so they inherit the mask
+    # and the signals wait for sigwait() below instead of interrupting them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    with Server(listen=args.listen, memory=args.memory, workers=args.workers,
+                hugepages=args.hugepages, pretouch=args.pretouch,
+                stall_timeout_ms=args.stall_timeout_ms,
+                max_connections=args.max_connections) as server:
+        print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)})", flush=True)
+        signal.sigwait(stop_signals)
+    return 0
+
+
+def _stat(args):
+    with Client(args.url) as client:
+        stats = client.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        print(_table(stats["servers"]))
+    return 1 if any("error" in counters for counters in stats["servers"].values()) else 0
+
+
+def _table(servers):
+    """Counters down, servers across."""
+    names = dict.fromkeys(name for counters in servers.values() for name in counters)
+    rows = [["counter", *servers]]
+    rows += [[name, *(_cell(counters.get(name, "")) for counters in servers.values())]
+             for name in names]
+    return format_table(rows)
+
+
+def _cell(value):
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _pool_size(text):
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+            if not 0 < share <= 1:
+                raise ValueError(f"a share of RAM must be in (0%, 100%], not {text}")
+            return int(physical_memory() * share)
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _default_pool_size():
+    return min(int(physical_memory() * DEFAULT_MEMORY_SHARE), DEFAULT_MEMORY_CAP)

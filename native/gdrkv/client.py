@@ -1,0 +1,349 @@
+"""gdrkv.Client: batched transfers between caller memory and gdrkv servers.
+
+Python only marshals arguments into flat arrays; the C client routes keys to
+servers and moves the bytes, with the GIL released for the whole call.
+"""
+import threading
+import weakref
+from array import array
+from urllib.parse import parse_qsl, urlsplit
+
+from ._capi import read_address, read_counters, set_int_field, start_error
+from ._native import ffi, lib
+from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
+
+DEFAULT_PORT = 7480
+_MAX_NAMESPACE = 255
+_ERRLEN = 512
+
+# Integer options: default and smallest valid value.
+_INT_OPTIONS = {
+    "timeout_ms": (5000, 1),
+    "connect_timeout_ms": (1000, 1),
+    "conns": (4, 1),
+    "backoff_min_ms": (100, 0),
+    "backoff_max_ms": (5000, 0),
+}
+_TRANSPORTS = ("auto", "tcp")
+_TRANSPORTS_NOT_BUILT = ("shm", "rdma")
+_OPTIONS = ("namespace", "transport", *_INT_OPTIONS)
+
+
+class Client:
+    """A connection to one or more gdrkv servers.
+
+    url is gdrkv://host:port[,host:port...][?option=value&...]; keyword
+    arguments override the URL's options. Options: namespace (""),
+    timeout_ms (5000, bounds every call), connect_timeout_ms (1000), conns
+    (4 connections per server), transport ("auto" or "tcp"),
+    backoff_min_ms (100) and backoff_max_ms (5000) for reconnecting to a
+    server that failed.
+
+    Batch calls report per-key results and never raise for a per-key
+    failure; a server that is down turns into misses and failed puts. Many
+    threads may share one client.
+    """
+
+    def __init__(self, url, **options):
+        servers, url_options = _parse_url(url)
+        opts_values = _resolve_options({**url_options, **options})
+        self.namespace = opts_values["namespace"]
+        self.transport = opts_values["transport"]
+
+        opts = ffi.new("gdrkv_client_opts *")
+        lib.gdrkv_client_opts_init(opts)
+        servers_c = ffi.new("char[]", servers.encode())
+        ns_c = ffi.new("char[]", self.namespace.encode())
+        opts.servers = servers_c
+        opts.ns = ns_c
+        for name, (_, minimum) in _INT_OPTIONS.items():
+            set_int_field(opts, name, opts_values[name], name, minimum)
+
+        out = ffi.new("gdrkv_client **")
+        err = ffi.new("char[]", _ERRLEN)
+        rc = lib.gdrkv_client_open(opts, out, err, _ERRLEN)
+        if rc < 0:
+            raise start_error(rc, err)
+        self._handle = out[0]
+        self._close_native = weakref.finalize(self, lib.gdrkv_client_close, self._handle)
+        self._calls = _CallGuard()
+        # address -> what keeps the registered memory alive and unmoved.
+        self._registered = {}
+        self._registered_lock = threading.Lock()
+
+    # ------------------------------------------------------------ memory
+
+    def register(self, obj_or_ptr, nbytes=None):
+        """Registers memory that batch calls will read from or write into and
+        returns (ptr, nbytes). obj_or_ptr is a buffer-protocol object
+        (bytearray, memoryview, mmap, numpy array), a CPU torch tensor, or an
+        int address with nbytes. The object is kept alive until unregister().
+        """
+        ptr, size, keepalive = _memory_of(obj_or_ptr)
+        if nbytes is None:
+            if size is None:
+                raise ValueError("nbytes is required when registering a raw pointer")
+        elif nbytes < 0:
+            raise ValueError(f"nbytes must not be negative, not {nbytes}")
+        elif size is not None and nbytes > size:
+            raise ValueError(f"nbytes={nbytes} is larger than the object ({size} bytes)")
+        else:
+            size = nbytes
+        with self._calls, self._registered_lock:
+            check(lib.gdrkv_client_register(self._handle, ptr, size), "register")
+            self._registered[ptr] = keepalive
+        return ptr, size
+
+    def unregister(self, obj_or_ptr):
+        """Forgets memory registered from obj_or_ptr (the object or its
+        address) and drops the reference register() kept."""
+        ptr = _memory_of(obj_or_ptr)[0]
+        with self._calls, self._registered_lock:
+            check(lib.gdrkv_client_unregister(self._handle, ptr), "unregister")
+            self._registered.pop(ptr, None)
+
+    # ------------------------------------------------------------ batches
+
+    def batch_put(self, keys, ptrs, sizes):
+        """Stores object i from ptrs[i]/sizes[i] (ints, or lists of ints for
+        an object made of several segments) under keys[i] (str or bytes).
+        Returns 0 or a negative error code per key; a key already stored
+        keeps its value and reports 0."""
+        return self._keyed_call(lib.gdrkv_batch_put, keys, _segments(ptrs, sizes, len(keys)))
+
+    def batch_get(self, keys, ptrs, sizes):
+        """Reads object i into ptrs[i]/sizes[i]. Returns the bytes read, or a
+        negative error code (E_NOT_FOUND, E_TOO_SMALL, ...) per key. Raises
+        GdrkvError only when the call could not run at all (E_CLOSED, ...)."""
+        return self._keyed_call(lib.gdrkv_batch_get, keys, _segments(ptrs, sizes, len(keys)))
+
+    def batch_exists(self, keys):
+        """Whether each key is stored; a server that cannot be asked reads as
+        False."""
+        return [r >= 0 for r in self._keyed_call(lib.gdrkv_batch_exists, keys, ())]
+
+    def batch_sizes(self, keys):
+        """The size of each object, or a negative error code (E_NOT_FOUND)."""
+        return self._keyed_call(lib.gdrkv_batch_exists, keys, ())
+
+    def batch_delete(self, keys):
+        """0 or a negative error code (E_NOT_FOUND) per key."""
+        return self._keyed_call(lib.gdrkv_batch_delete, keys, ())
+
+    def _keyed_call(self, c_function, keys, segments):
+        """Runs a batch C call over keys; the per-key results as a list."""
+        key_bytes = [k.encode() if isinstance(k, str) else k for k in keys]
+        key_lens = array("I", map(len, key_bytes))
+        n = len(key_bytes)
+        results = ffi.new("int64_t[]", n)
+        with self._calls:
+            if n:
+                check(c_function(self._handle, n, b"".join(key_bytes),
+                                 ffi.from_buffer("uint32_t[]", key_lens), *segments, results))
+        return ffi.unpack(results, n)
+
+    # ------------------------------------------------------------ one object
+
+    def put(self, key, data):
+        """Stores bytes-like data under key; raises GdrkvError on failure."""
+        view = ffi.from_buffer(data)
+        result = self.batch_put([key], [_address(view)], [len(view)])[0]
+        check(result, f"put {key!r}")
+
+    def get(self, key):
+        """The bytes stored under key, or None when there are none; raises
+        GdrkvError for any other failure."""
+        size = self.batch_sizes([key])[0]
+        if size < 0:
+            return _none_if_missing(size, key)
+        buf = bytearray(size)
+        view = ffi.from_buffer(buf)
+        result = self.batch_get([key], [_address(view)], [size])[0]
+        if result < 0:
+            return _none_if_missing(result, key)
+        return bytes(buf)
+
+    # ------------------------------------------------------------ whole store
+
+    def clear(self):
+        """Removes every object of this client's namespace; returns how many."""
+        with self._calls:
+            return check(lib.gdrkv_clear(self._handle), "clear")
+
+    def ping(self):
+        """Whether every server answered."""
+        with self._calls:
+            return lib.gdrkv_ping(self._handle) == 0
+
+    def stats(self):
+        """{"client": {counter: value}, "servers": {"host:port": {counter:
+        value} or {"error": "..."}}}."""
+        with self._calls:
+            servers = {}
+            for i in range(lib.gdrkv_client_nservers(self._handle)):
+                name = read_address(lib.gdrkv_client_server_name, self._handle, i)
+                try:
+                    servers[name] = read_counters(lib.gdrkv_client_server_stats, self._handle, i)
+                except GdrkvError as e:
+                    servers[name] = {"error": strerror(e.code)}
+            return {"client": read_counters(lib.gdrkv_client_stats, self._handle),
+                    "servers": servers}
+
+    def close(self):
+        """Waits for calls in flight, then disconnects; later calls raise
+        GdrkvError(E_CLOSED). Closing twice is harmless."""
+        self._calls.close()
+        self._close_native()
+        with self._registered_lock:
+            self._registered.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _CallGuard:
+    """Counts the calls in flight so close() can wait for them (each is
+    bounded by timeout_ms) before the C client is freed under them."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._closed = False
+
+    def __enter__(self):
+        with self._cond:
+            if self._closed:
+                raise GdrkvError(E_CLOSED)
+            self._active += 1
+
+    def __exit__(self, *exc):
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._cond.notify_all()
+
+    def close(self):
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._active == 0)
+
+
+# ---------------------------------------------------------------- options
+
+def _parse_url(url):
+    """("host:port,host:port", {option: text}) from a gdrkv:// URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "gdrkv" or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(f"not a gdrkv URL: {url!r} "
+                         "(expected gdrkv://host:port[,host:port...][?option=value&...])")
+    servers = parts.netloc.split(",")
+    if "" in servers:
+        raise ValueError(f"empty server address in {url!r}")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    return ",".join(map(_with_default_port, servers)), options
+
+
+def _with_default_port(address):
+    host, bracket, rest = address.rpartition("]")
+    has_port = ":" in (rest if bracket else address)
+    return address if has_port else f"{address}:{DEFAULT_PORT}"
+
+
+def _resolve_options(given):
+    """Every option's value, defaults filled in; ValueError for unknown
+    options or bad values."""
+    unknown = sorted(set(given) - set(_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}; valid options: {', '.join(_OPTIONS)}")
+    values = {"namespace": "", "transport": "auto"}
+    values.update((name, default) for name, (default, _) in _INT_OPTIONS.items())
+    values.update(given)
+
+    ns = values["namespace"]
+    if not isinstance(ns, str) or len(ns.encode()) > _MAX_NAMESPACE:
+        raise ValueError(f"namespace must be a string of at most {_MAX_NAMESPACE} UTF-8 bytes")
+    transport = values["transport"]
+    if transport in _TRANSPORTS_NOT_BUILT:
+        raise ValueError(f"transport {transport!r} is not built yet; valid transports: "
+                         f"{', '.join(_TRANSPORTS)}")
+    if transport not in _TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, not {transport!r}")
+    for name in _INT_OPTIONS:
+        if isinstance(values[name], str):
+            try:
+                values[name] = int(values[name])
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, not {values[name]!r}") from None
+    return values
+
+
+# ---------------------------------------------------------------- marshalling
+
+def _segments(ptrs, sizes, n):
+    """(seg_ptrs, seg_lens, seg_counts) as C arrays for n objects."""
+    if len(ptrs) != n or len(sizes) != n:
+        raise ValueError(f"got {n} keys, {len(ptrs)} ptrs and {len(sizes)} sizes")
+    try:
+        seg_ptrs, seg_lens, seg_counts = _flatten(ptrs, sizes, n)
+    except OverflowError:
+        raise ValueError("pointers and sizes must be integers in [0, 2**64)") from None
+    return (ffi.from_buffer("uint64_t[]", seg_ptrs), ffi.from_buffer("uint64_t[]", seg_lens),
+            ffi.from_buffer("uint32_t[]", seg_counts))
+
+
+def _flatten(ptrs, sizes, n):
+    try:
+        # The common case, one segment per object, never loops in Python.
+        return array("Q", ptrs), array("Q", sizes), array("I", [1]) * n
+    except TypeError:
+        pass            # some object is a list of segments
+    seg_ptrs, seg_lens, seg_counts = array("Q"), array("Q"), array("I")
+    for i, (obj_ptrs, obj_sizes) in enumerate(zip(ptrs, sizes)):
+        if not isinstance(obj_ptrs, (list, tuple)):
+            obj_ptrs, obj_sizes = [obj_ptrs], [obj_sizes]
+        if len(obj_ptrs) != len(obj_sizes):
+            raise ValueError(f"object {i} has {len(obj_ptrs)} segment pointers "
+                             f"and {len(obj_sizes)} segment sizes")
+        seg_ptrs.extend(obj_ptrs)
+        seg_lens.extend(obj_sizes)
+        seg_counts.append(len(obj_ptrs))
+    return seg_ptrs, seg_lens, seg_counts
+
+
+def _memory_of(obj):
+    """(address, nbytes or None for a raw pointer, what keeps the memory
+    alive and in place)."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj < 0:
+            raise ValueError(f"a pointer must not be negative, not {obj}")
+        return obj, None, None
+    if _is_tensor(obj):
+        if obj.device.type != "cpu":
+            raise ValueError("GPU memory is not supported yet")
+        if not obj.is_contiguous():
+            raise ValueError("only contiguous tensors can be registered")
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
+    try:
+        view = ffi.from_buffer(obj)   # holding it also stops a bytearray from resizing
+    except TypeError:
+        raise ValueError(f"cannot register a {type(obj).__name__}: expected a buffer-protocol "
+                         "object, a torch tensor or an int pointer with nbytes") from None
+    return _address(view), len(view), view
+
+
+def _is_tensor(obj):
+    # Duck-typed so torch is never imported here.
+    return hasattr(obj, "data_ptr") and hasattr(obj, "element_size") and hasattr(obj, "device")
+
+
+def _address(cdata):
+    return int(ffi.cast("uintptr_t", cdata))
+
+
+def _none_if_missing(code, key):
+    if code == E_NOT_FOUND:
+        return None
+    raise GdrkvError(code, f"get {key!r}: {strerror(code)}")

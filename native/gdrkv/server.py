@@ -1,0 +1,80 @@
+"""gdrkv.Server: a store server running inside this process, on C threads."""
+import threading
+import weakref
+
+from ._capi import read_address, read_counters, set_int_field, start_error
+from ._native import ffi, lib
+from .errors import E_CLOSED, GdrkvError
+from .sizes import parse_size
+
+_HUGEPAGES = {"auto": -1, "off": 0, "on": 1}
+_ERRLEN = 512
+
+
+class Server:
+    """Serves a DRAM pool of `memory` bytes on `listen` ("host:port"; port 0
+    picks a free one) until close(). Use as a context manager.
+
+    hugepages: "auto" (use them when the system has them), "on" (fail
+    without them) or "off". pretouch faults the whole pool in at start, so
+    the first writes do not pay for page faults. Above high_watermark of the
+    pool in use, least recently used objects are evicted down to
+    low_watermark. A connection stalled mid-frame for stall_timeout_ms is
+    closed.
+    """
+
+    def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
+                 pretouch=True, high_watermark=0.95, low_watermark=0.90,
+                 stall_timeout_ms=30000, max_connections=4096):
+        if hugepages not in _HUGEPAGES:
+            raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
+        if not 0.0 < low_watermark <= high_watermark <= 1.0:
+            raise ValueError("watermarks must satisfy 0 < low_watermark <= high_watermark <= 1, "
+                             f"not low={low_watermark} high={high_watermark}")
+        opts = ffi.new("gdrkv_server_opts *")
+        lib.gdrkv_server_opts_init(opts)
+        listen_c = ffi.new("char[]", listen.encode())
+        opts.listen = listen_c
+        set_int_field(opts, "memory_bytes", parse_size(memory), "memory", minimum=1)
+        set_int_field(opts, "workers", workers, "workers")
+        set_int_field(opts, "stall_timeout_ms", stall_timeout_ms, "stall_timeout_ms", minimum=1)
+        set_int_field(opts, "max_connections", max_connections, "max_connections", minimum=1)
+        opts.hugepages = _HUGEPAGES[hugepages]
+        opts.pretouch = bool(pretouch)
+        opts.high_watermark = high_watermark
+        opts.low_watermark = low_watermark
+
+        out = ffi.new("gdrkv_server **")
+        err = ffi.new("char[]", _ERRLEN)
+        rc = lib.gdrkv_server_start(opts, out, err, _ERRLEN)
+        if rc < 0:
+            raise start_error(rc, err)
+        self._handle = out[0]
+        # Stops the C threads even if close() is never called.
+        self._stop = weakref.finalize(self, lib.gdrkv_server_stop, self._handle)
+        # stats() must not run on a handle close() is freeing.
+        self._lock = threading.Lock()
+        self.address = read_address(lib.gdrkv_server_address, self._handle)
+        self.url = "gdrkv://" + self.address
+
+    def stats(self):
+        """The server's counters: {"name": int or float}."""
+        with self._lock:
+            if not self._stop.alive:
+                raise GdrkvError(E_CLOSED)
+            return read_counters(lib.gdrkv_server_stats, self._handle)
+
+    def close(self):
+        """Stops serving and frees the pool; closing twice is harmless."""
+        with self._lock:
+            self._stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "open" if self._stop.alive else "closed"
+        return f"<gdrkv.Server {self.url} {state}>"
