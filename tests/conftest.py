@@ -1,0 +1,361 @@
+"""Shared fixtures and helpers: real `gdrkv serve` processes, clients, and
+content that is a pure function of its key so any read can be checked
+without remembering what was written."""
+import ctypes
+import faulthandler
+import hashlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import gdrkv
+import wire
+
+settings.register_profile(
+    "gdrkv",
+    deadline=None,
+    max_examples=40,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("gdrkv")
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+TEST_TIMEOUT_S = 400.0          # above the slowest test (the native suite's 300 s)
+LISTEN_LINE = re.compile(rb"^gdrkv listening on (\S+)", re.M)
+PR_SET_PDEATHSIG = 1
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    """A call that never returns ends the run with every thread's stack
+    instead of blocking CI forever (the servers die with it: see
+    die_with_parent)."""
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+# ---------------------------------------------------------------- content
+
+def as_key_bytes(key):
+    return key.encode() if isinstance(key, str) else bytes(key)
+
+
+def content(key, size):
+    """The bytes a test stores under key: deterministic in (key, size), so a
+    wrong object, a stale object or a torn write can never look right."""
+    digest = hashlib.blake2b(as_key_bytes(key) + size.to_bytes(8, "little"), digest_size=8)
+    return np.random.default_rng(int.from_bytes(digest.digest(), "little")).bytes(size)
+
+
+def batch_put_bytes(client, keys, values):
+    """batch_put of in-memory values staged in one registered buffer."""
+    staging = np.empty(max(1, sum(len(v) for v in values)), np.uint8)
+    base, _ = client.register(staging)
+    try:
+        ptrs, sizes, off = [], [], 0
+        for value in values:
+            staging[off:off + len(value)] = np.frombuffer(value, np.uint8)
+            ptrs.append(base + off)
+            sizes.append(len(value))
+            off += len(value)
+        return client.batch_put(keys, ptrs, sizes)
+    finally:
+        client.unregister(base)
+
+
+def batch_get_bytes(client, keys, capacities):
+    """batch_get into a fresh registered buffer: (results, values), where
+    values[i] holds the bytes read, or None when results[i] is an error."""
+    dest = np.zeros(max(1, sum(capacities)), np.uint8)
+    base, _ = client.register(dest)
+    try:
+        offsets = np.concatenate(([0], np.cumsum(capacities)[:-1])).astype(int).tolist()
+        results = client.batch_get(keys, [base + off for off in offsets], list(capacities))
+        values = [dest[off:off + r].tobytes() if r >= 0 else None
+                  for off, r in zip(offsets, results)]
+        return results, values
+    finally:
+        client.unregister(base)
+
+
+def check_read(key, size, result, value, allowed_errors=(gdrkv.errors.E_NOT_FOUND,)):
+    """A read is either one of the allowed errors or exactly content(key, size)."""
+    if result < 0:
+        assert result in allowed_errors, (
+            f"{key!r}: unexpected error {result} ({gdrkv.errors.strerror(result)})")
+        return False
+    assert result == size, f"{key!r}: read {result} bytes, stored {size}"
+    assert value == content(key, size), f"{key!r}: wrong bytes"
+    return True
+
+
+def wait_for(predicate, timeout, what):
+    """Polls predicate() until truthy; fails naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def stat(stats, name):
+    """A counter from a stats dict, failing with the names there are when
+    the server does not report it."""
+    assert name in stats, f"stats have no {name!r}; they have {sorted(stats)}"
+    return stats[name]
+
+
+def unique(prefix="t"):
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# ---------------------------------------------------------------- servers
+
+def die_with_parent():
+    """Runs in the child before exec: the kernel SIGKILLs it when pytest
+    dies, so no server outlives an aborted run."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ServerProcess:
+    """One `gdrkv serve` child. stdout and stderr go to files, never pipes,
+    so a chatty server can never block on a full pipe."""
+
+    def __init__(self, workdir, memory, args):
+        self.workdir, self.memory, self.args = workdir, memory, list(args)
+        self.name = unique("server")
+        self.proc = None
+        self.address = None
+        self.must_exit_cleanly = False
+
+    @property
+    def url(self):
+        return f"gdrkv://{self.address}"
+
+    @property
+    def port(self):
+        return int(self.address.rsplit(":", 1)[1])
+
+    @property
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, listen="127.0.0.1:0"):
+        cmd = [sys.executable, "-m", "gdrkv", "serve", "--listen", listen,
+               "--memory", str(self.memory), "--no-pretouch", *self.args]
+        with open(self.out_path, "wb") as out, open(self.log_path, "ab") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         preexec_fn=die_with_parent)
+        self.must_exit_cleanly = True
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            match = LISTEN_LINE.search(self.stdout())
+            if match:
+                self.address = match.group(1).decode()
+                return self
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{' '.join(cmd)} did not start:\n{self.log_tail()}")
+            time.sleep(0.02)
+
+    @property
+    def out_path(self):
+        return os.path.join(self.workdir, self.name + ".out")
+
+    def stdout(self):
+        with open(self.out_path, "rb") as f:
+            return f.read()
+
+    @property
+    def log_path(self):
+        return os.path.join(self.workdir, self.name + ".log")
+
+    def log_tail(self, nbytes=4000):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-nbytes:].decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stats(self):
+        return wire.server_stats(self.address)
+
+    def kill(self):
+        """SIGKILL, as a crash would; teardown then expects it dead."""
+        self.must_exit_cleanly = False
+        if self.alive:
+            self.proc.kill()
+        if self.proc:
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def restart(self):
+        """Starts again on the same address (after kill() or stop())."""
+        if self.alive:
+            self.stop()
+        return self.start(self.address)
+
+    def stop(self, sig=signal.SIGTERM):
+        """Sends sig and waits; returns the exit code, or None when it had
+        to be SIGKILLed. Teardown then expects it stopped."""
+        self.must_exit_cleanly = False
+        if not self.alive:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGCONT)   # in case a test left it stopped
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def shutdown_problem(self):
+        """Stops the server; what went wrong, or None."""
+        if not self.must_exit_cleanly:      # the test killed or stopped it
+            self.stop()
+            return None
+        if not self.alive:
+            return f"{self.address} died during the test (exit {self.proc.returncode}):\n" \
+                   f"{self.log_tail()}"
+        rc = self.stop()
+        if rc != 0:
+            return f"{self.address} exited {rc} on SIGTERM:\n{self.log_tail()}"
+        return None
+
+
+class ServerSet:
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.servers = []
+
+    def start(self, memory="64MiB", args=(), listen="127.0.0.1:0"):
+        server = ServerProcess(self.workdir, memory, args)
+        self.servers.append(server)
+        return server.start(listen)
+
+    def stop_all(self):
+        problems = [p for p in (s.shutdown_problem() for s in self.servers) if p]
+        assert not problems, "\n\n".join(problems)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """start(memory=..., args=[...]) -> ServerProcess; all are stopped with
+    SIGTERM at teardown and must exit 0 (unless the test killed them)."""
+    servers = ServerSet(str(tmp_path))
+    yield servers.start
+    servers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, request):
+    """One server process per module; a module sets SERVER_MEMORY and
+    SERVER_ARGS to change how it is started."""
+    servers = ServerSet(str(tmp_path_factory.mktemp("servers")))
+    memory = getattr(request.module, "SERVER_MEMORY", "128MiB")
+    yield servers.start(memory, getattr(request.module, "SERVER_ARGS", ()))
+    servers.stop_all()
+
+
+@pytest.fixture
+def make_client():
+    """Client factory; every client is closed at teardown."""
+    clients = []
+
+    def make(url, **options):
+        client = gdrkv.Client(url, **options)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def client(server, make_client):
+    """A client of the module's server in a namespace of its own, so tests
+    sharing the server never see each other's keys."""
+    return make_client(server.url, namespace=unique("ns"))
+
+
+# ---------------------------------------------------------------- fake servers
+
+class FakeServer:
+    """A listening socket whose connections are each handed to behaviour(conn)
+    in a thread: the misbehaving servers of the fail-soft tests."""
+
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.url = "gdrkv://" + self.address
+        self.conns = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return                      # listener closed
+            conn = wire.Conn(sock, timeout=30)
+            self.conns.append(conn)
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn):
+        try:
+            self.behaviour(conn)
+        except (OSError, wire.PeerClosed, ValueError):
+            pass                            # the client went away
+
+    def close(self):
+        # shutdown() wakes the accept() blocked in the other thread; close() alone does not.
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for conn in self.conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        for thread in self.threads:
+            thread.join(5)
+
+
+def drain(conn):
+    """Reads and discards until the peer closes."""
+    while conn.sock.recv(1 << 16):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    """fake_server(behaviour) -> FakeServer, closed at teardown."""
+    servers = []
+
+    def start(behaviour):
+        servers.append(FakeServer(behaviour))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()

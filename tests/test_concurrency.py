@@ -1,0 +1,97 @@
+"""Many threads sharing one Client, and many processes sharing one server,
+on overlapping keys: every read is a miss or the exact bytes.
+
+Run as a script (`test_concurrency.py URL NAMESPACE SEED`) it is one of the
+worker processes of test_processes_share_a_server."""
+import random
+import subprocess
+import sys
+import threading
+
+from conftest import batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
+
+SERVER_MEMORY = "128MiB"
+KEYS = [f"shared-{i}" for i in range(64)]
+OPS = 150
+
+
+def size_of(key):
+    return 1024 * (1 + (int(key.rsplit("-", 1)[1]) * 37) % 256)
+
+
+def hammer(client, seed, ops=OPS):
+    """Random puts, gets and exists over KEYS; returns the keys it put."""
+    rng = random.Random(seed)
+    put = set()
+    for _ in range(ops):
+        keys = rng.sample(KEYS, rng.randint(1, 8))
+        op = rng.choice(("put", "get", "get", "exists"))
+        if op == "put":
+            assert batch_put_bytes(client, keys, [content(k, size_of(k)) for k in keys]) == \
+                [0] * len(keys)
+            put.update(keys)
+        elif op == "get":
+            results, values = batch_get_bytes(client, keys, [size_of(k) for k in keys])
+            for key, result, value in zip(keys, results, values):
+                check_read(key, size_of(key), result, value)
+        else:
+            assert all(client.batch_exists([k for k in keys if k in put]))
+    return put
+
+
+def assert_all_present(client, keys):
+    keys = sorted(keys)
+    results, values = batch_get_bytes(client, keys, [size_of(k) for k in keys])
+    for key, result, value in zip(keys, results, values):
+        check_read(key, size_of(key), result, value, allowed_errors=())
+
+
+def connections_settle(server):
+    # Our own STATS connection is the one left.
+    wait_for(lambda: stat(server.stats(), "connections_current") <= 1, 10,
+             "the server to notice the clients closed their connections")
+
+
+def test_threads_share_a_client(server, make_client):
+    client = make_client(server.url, namespace=unique("threads"))
+    put, failures = set(), []
+
+    def worker(seed):
+        try:
+            put.update(hammer(client, seed))
+        except BaseException as e:         # re-raised in the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    if failures:
+        raise failures[0]
+    assert_all_present(client, put)
+    client.close()
+    connections_settle(server)
+
+
+def test_processes_share_a_server(server, make_client):
+    ns = unique("procs")
+    procs = [subprocess.Popen([sys.executable, __file__, server.url, ns, str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for seed in range(4)]
+    outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out
+    put = set().union(*(out.split()[-1].split(",") for out in outputs))
+    client = make_client(server.url, namespace=ns)
+    assert_all_present(client, put)
+    client.close()
+    connections_settle(server)
+
+
+if __name__ == "__main__":
+    import gdrkv
+    url, namespace, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with gdrkv.Client(url, namespace=namespace) as c:
+        print(",".join(sorted(hammer(c, seed + 100))))

@@ -1,0 +1,230 @@
+"""A small pure-Python codec of the gdrkv wire format (native/protocol.h).
+
+Only the raw-socket tests use it: to send frames the real client never
+sends (malformed, truncated, read slowly) and to play fake servers. It is
+deliberately independent of the C codec so the two check each other.
+"""
+import socket
+import struct
+import time
+from dataclasses import astuple, dataclass
+
+MAGIC = 0x564B4447  # b"GDKV" little-endian
+VERSION = 1
+HDR_SIZE = 40
+ENTRY_HDR_SIZE = 12
+RESULT_SIZE = 16
+
+MAX_KEY_LEN = 4096
+MAX_NS_LEN = 255
+MAX_KEYS = 8192
+MAX_BODY = 8 << 20
+MAX_OBJECT = 1 << 30
+MAX_PAYLOAD = 64 << 30
+
+OP_PING = 1
+OP_EXISTS = 2
+OP_GET = 3
+OP_PUT = 4
+OP_DELETE = 5
+OP_STATS = 6
+OP_CLEAR = 7
+OP_RESPONSE = 0x80
+
+_HDR = struct.Struct("<IBBHiIIIQQ")
+_ENTRY = struct.Struct("<IQ")
+_RESULT = struct.Struct("<iIQ")
+assert _HDR.size == HDR_SIZE and _ENTRY.size == ENTRY_HDR_SIZE and _RESULT.size == RESULT_SIZE
+
+
+@dataclass
+class Header:
+    magic: int = MAGIC
+    version: int = VERSION
+    opcode: int = OP_PING
+    flags: int = 0
+    status: int = 0
+    count: int = 0
+    body_len: int = 0
+    reserved: int = 0
+    payload_len: int = 0
+    req_id: int = 1
+
+    def pack(self):
+        return _HDR.pack(*astuple(self))
+
+    @classmethod
+    def unpack(cls, data):
+        return cls(*_HDR.unpack(data))
+
+
+def encode_body(entries, ns=b""):
+    """Keyed request body: u8 ns_len | ns | (u32 key_len | u64 size | key)*."""
+    parts = [bytes([len(ns)]), ns]
+    for key, size in entries:
+        parts += [_ENTRY.pack(len(key), size), key]
+    return b"".join(parts)
+
+
+def decode_body(body, count):
+    """Inverse of encode_body, for fake servers; raises ValueError when malformed."""
+    if not body or body[0] + 1 > len(body):
+        raise ValueError("bad namespace")
+    ns, pos, entries = body[1:1 + body[0]], 1 + body[0], []
+    for _ in range(count):
+        if pos + ENTRY_HDR_SIZE > len(body):
+            raise ValueError("entry header past the body")
+        key_len, size = _ENTRY.unpack_from(body, pos)
+        pos += ENTRY_HDR_SIZE
+        if pos + key_len > len(body):
+            raise ValueError("key past the body")
+        entries.append((body[pos:pos + key_len], size))
+        pos += key_len
+    return ns, entries
+
+
+def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
+    """A well-formed request frame. entries: (key bytes, size) pairs; keyed
+    opcodes always get a body (CLEAR's has no entries)."""
+    entries = list(entries)
+    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR)
+    body = encode_body(entries, ns) if keyed else b""
+    hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
+                 payload_len=len(payload), req_id=req_id)
+    return hdr.pack() + body + payload
+
+
+def encode_results(results):
+    return b"".join(_RESULT.pack(status, 0, size) for status, size in results)
+
+
+def decode_results(body):
+    return [(status, size) for status, _, size in _RESULT.iter_unpack(body)]
+
+
+def response(opcode, results=(), payload=b"", req_id=1, status=0):
+    """A response frame, as a fake server sends it."""
+    results = list(results)
+    body = encode_results(results)
+    hdr = Header(opcode=opcode | OP_RESPONSE, status=status, count=len(results),
+                 body_len=len(body), payload_len=len(payload), req_id=req_id)
+    return hdr.pack() + body + payload
+
+
+class PeerClosed(Exception):
+    pass
+
+
+class Conn:
+    """A blocking socket with a deadline on every read, so a test never hangs
+    on a peer that stopped talking. Wraps connected and accepted sockets."""
+
+    def __init__(self, sock, timeout=5.0):
+        self.sock = sock
+        self.timeout = timeout
+        sock.settimeout(timeout)
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def recv_exact(self, n, chunk=1 << 20, pause=0.0):
+        """Reads exactly n bytes, chunk bytes per recv with pause seconds
+        between recvs (a slow reader); raises PeerClosed on EOF."""
+        buf = bytearray()
+        deadline = time.monotonic() + self.timeout
+        while len(buf) < n:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = self.sock.recv(min(chunk, n - len(buf)))
+            if not data:
+                raise PeerClosed(f"peer closed after {len(buf)} of {n} bytes")
+            buf += data
+            if pause:
+                time.sleep(pause)
+                deadline = time.monotonic() + self.timeout
+        return bytes(buf)
+
+    def read_header(self):
+        return Header.unpack(self.recv_exact(HDR_SIZE))
+
+    def read_frame(self):
+        """(header, body, payload) of the next frame."""
+        hdr = self.read_header()
+        body = self.recv_exact(hdr.body_len)
+        payload = self.recv_exact(hdr.payload_len)
+        return hdr, body, payload
+
+    def read_request(self):
+        """(header, namespace, entries, payload) of the next request, for
+        fake servers; raises PeerClosed or ValueError."""
+        hdr, body, payload = self.read_frame()
+        ns, entries = decode_body(body, hdr.count) if hdr.body_len else (b"", [])
+        return hdr, ns, entries, payload
+
+    def call(self, opcode, entries=(), ns=b"", payload=b"", req_id=1):
+        """Sends a request and returns (header, results or body, payload)."""
+        self.send(request(opcode, entries, ns, payload, req_id))
+        hdr, body, payload = self.read_frame()
+        results = body if opcode == OP_STATS or hdr.status else decode_results(body)
+        return hdr, results, payload
+
+    def wait_closed(self, timeout):
+        """True when the peer closes the connection within timeout seconds
+        (whatever it sends before is discarded), False if it stays open."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.sock.settimeout(left)
+            try:
+                if not self.sock.recv(1 << 16):
+                    return True
+            except ConnectionResetError:
+                return True
+            except socket.timeout:
+                return False
+
+
+def connect(address, timeout=5.0, rcvbuf=None):
+    """A Conn to "host:port"."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        # Set before connect so the window is small from the handshake on:
+        # the peer then really has to wait for us to read.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout)
+    sock.connect((host, int(port)))
+    return Conn(sock, timeout)
+
+
+def parse_stats(text):
+    """'name value\\n' lines into a dict of int/float."""
+    out = {}
+    for line in text.decode().splitlines():
+        if not line.strip():
+            continue
+        name, value = line.split()
+        try:
+            out[name] = int(value)
+        except ValueError:
+            out[name] = float(value)
+    return out
+
+
+def server_stats(address, timeout=5.0):
+    """A server's counters over its own STATS request, without gdrkv.Client."""
+    with connect(address, timeout) as conn:
+        hdr, body, _ = conn.call(OP_STATS)
+        if hdr.status:
+            raise RuntimeError(f"STATS answered status {hdr.status}: {body!r}")
+        return parse_stats(body)
