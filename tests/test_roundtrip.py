@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import engines
 import gdrkv
 from conftest import as_key_bytes, batch_get_bytes, batch_put_bytes, content, unique
 from gdrkv import errors
@@ -294,7 +295,7 @@ def test_register_rejects_bad_arguments(client):
 
 
 def test_register_cuda_tensor_is_refused(client):
-    torch = pytest.importorskip("torch")
+    torch = engines.require("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     with pytest.raises(ValueError, match="GPU memory is not supported yet"):
@@ -302,5 +303,5 @@ def test_register_cuda_tensor_is_refused(client):
 
 
 def test_register_cpu_tensor(client):
-    torch = pytest.importorskip("torch")
+    torch = engines.require("torch")
     _roundtrip_through(client, torch.zeros(1000, dtype=torch.float64), 8000, "reg-torch")

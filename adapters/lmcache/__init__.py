@@ -1,0 +1,24 @@
+"""LMCache remote storage plugin for gdrkv (lmcache 0.5.6).
+
+LMCache's config (YAML, or LMCACHE_REMOTE_STORAGE_PLUGINS=gdrkv plus
+LMCACHE_EXTRA_CONFIG='{...}' in the environment):
+
+    remote_serde: naive
+    remote_storage_plugins: ["gdrkv"]
+    extra_config:
+      remote_storage_plugin.gdrkv.module_path: gdrkv.adapters.lmcache
+      remote_storage_plugin.gdrkv.class_name: GdrkvConnectorAdapter
+      remote_storage_plugin.gdrkv.url: "gdrkv://10.0.0.5:7480"
+      save_chunk_meta: false
+
+The url takes gdrkv.Client's options as query parameters
+(gdrkv://h1:7480,h2:7480?namespace=prod&timeout_ms=2000). Several stores at
+once: plugins gdrkv.a, gdrkv.b, ... each with its own
+remote_storage_plugin.gdrkv.a.* settings. Do not also set remote_url: LMCache
+would build a second backend and write everything twice. configs/lmcache/
+has complete examples.
+"""
+from .adapter import GdrkvConnectorAdapter
+from .connector import GdrkvConnector
+
+__all__ = ["GdrkvConnectorAdapter", "GdrkvConnector"]

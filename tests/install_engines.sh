@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs the serving engines that the adapter tests import into the virtual
+# environment whose python is $1, on a CPU-only machine. Safe to run again:
+# pip leaves what is already satisfied alone.
+#
+#   bash tests/install_engines.sh .venv-test/bin/python
+#
+# One function per engine; add an engine by adding a function and calling it
+# at the bottom.
+set -euo pipefail
+
+PYTHON=${1:?usage: install_engines.sh PYTHON}
+
+pip_install() {
+    "$PYTHON" -m pip install -q --disable-pip-version-check "$@"
+}
+
+# torch: the exact version pins the CPU wheel in pip's find-links folder
+# (/opt/wheels); "2.13.0+cpu" sorts above PyPI's CUDA "2.13.0", so pip takes
+# it, and nothing later may ask for another torch or it pulls ~3 GB of CUDA.
+install_torch() {
+    pip_install torch==2.13.0
+}
+
+# sglang's declared dependencies are the GPU serving stack (flashinfer, CUDA
+# kernels, another torch); the HiCache storage API needs only what importing
+# sglang needs, listed here (pyyaml reads "@file.yaml" extra configs).
+# sglang goes in last: pip checks declared dependencies only when it installs
+# with them, so this order keeps its report of the skipped ones out of the log.
+install_sglang() {
+    pip_install numpy orjson psutil pybase64 requests triton packaging pillow starlette \
+        typing_extensions msgspec pydantic IPython tqdm aiohttp pyzmq pyyaml
+    pip_install --no-deps sglang==0.5.23
+}
+
+# lmcache declares GPU packages (cupy-cuda13x, cuda-python, cufile-python,
+# nvtx) and cloud clients (awscrt, Bigtable, OpenTelemetry) that its
+# LocalCPUBackend and RemoteBackend never import; its native module loads
+# with the CPU torch above. Listed here is what those backends, its config
+# and its token database import, within lmcache's own version bounds.
+# --no-warn-conflicts: pip would otherwise list every dependency that sglang,
+# installed before without its own, declares.
+install_lmcache() {
+    pip_install --no-warn-conflicts "numpy<=2.2.6" numba pyyaml requests cachetools \
+        sortedcontainers "prometheus_client>=0.18.0,<=0.24.1" py-cpuinfo psutil aiohttp aiofile \
+        msgspec "pyzmq>=25.0.0" "transformers>=5.4" cryptography
+    pip_install --no-deps lmcache==0.5.6
+}
+
+install_torch
+install_sglang
+install_lmcache

@@ -1,0 +1,545 @@
+"""The LMCache plugin (gdrkv.adapters.lmcache) inside the real lmcache 0.5.6,
+CPU only: LMCache builds its LocalCPUBackend and RemoteBackend-gdrkv from
+its own config the way an engine does, and they talk to real `gdrkv serve`
+processes. Chunk keys come from LMCache's own ChunkedTokenDatabase."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import engines
+
+engines.require("lmcache")
+
+import torch  # noqa: E402
+from lmcache.utils import start_loop_in_thread_with_exceptions  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.exceptions import IrrecoverableException  # noqa: E402
+from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from lmcache.v1.storage_backend import CreateStorageBackends  # noqa: E402
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: E402
+from lmcache.v1.token_database import ChunkedTokenDatabase  # noqa: E402
+
+from conftest import content, drain, unique, wait_for  # noqa: E402
+from gdrkv.adapters.lmcache import GdrkvConnectorAdapter  # noqa: E402
+
+CHUNK_TOKENS = 16
+LAYERS = 2
+BLOCKING_TIMEOUT_S = 2      # LMCache's bound on a remote get, in these tests
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "lmcache"
+
+
+def plugin_settings(name, url):
+    prefix = f"remote_storage_plugin.{name}."
+    return {prefix + "module_path": "gdrkv.adapters.lmcache",
+            prefix + "class_name": "GdrkvConnectorAdapter",
+            prefix + "url": url}
+
+
+def engine_config(plugins, **overrides):
+    """LMCache's config for the plugins {name: url}: the settings of
+    configs/lmcache/, with a small CPU buffer and short timeouts."""
+    extra = {"save_chunk_meta": False}
+    for name, url in plugins.items():
+        extra.update(plugin_settings(name, url))
+    settings = dict(chunk_size=CHUNK_TOKENS, local_cpu=False, max_local_cpu_size=0.01,
+                    remote_serde="naive", remote_storage_plugins=list(plugins),
+                    extra_config=extra, save_unfull_chunk=True,
+                    blocking_timeout_secs=BLOCKING_TIMEOUT_S)
+    settings.update(overrides)
+    return LMCacheEngineConfig.from_defaults(**settings)
+
+
+def engine_metadata(model, world_size=1, worker_id=0, dtype=torch.bfloat16, use_mla=False,
+                    layers=LAYERS):
+    kv_heads, kv = (1, 1) if use_mla else (4, 2)
+    return LMCacheMetadata(model_name=model, world_size=world_size, local_world_size=world_size,
+                           worker_id=worker_id, local_worker_id=worker_id, kv_dtype=dtype,
+                           kv_shape=(layers, kv, CHUNK_TOKENS, kv_heads, 8), use_mla=use_mla,
+                           chunk_size=CHUNK_TOKENS)
+
+
+def tokens(count):
+    """count token ids no other test uses, so chunk hashes never collide."""
+    start = uuid.uuid4().int % (1 << 40)
+    return list(range(start, start + count))
+
+
+class Worker:
+    """One LMCache worker's storage, as LMCache builds it for an engine."""
+
+    def __init__(self, loop, config, metadata):
+        self.config, self.metadata, self.loop = config, metadata, loop
+        self.backends = CreateStorageBackends(config, metadata, loop)
+        self.local_cpu = self.backends["LocalCPUBackend"]
+        self.token_db = ChunkedTokenDatabase(config, metadata)
+        self.fmt = MemoryFormat.KV_MLA_FMT if metadata.use_mla else MemoryFormat.KV_2LTD
+
+    def remote(self, plugin="gdrkv"):
+        """The RemoteBackend of a plugin, or of remote_url for plugin=None."""
+        return self.backends["RemoteBackend" if plugin is None else f"RemoteBackend-{plugin}"]
+
+    def connector(self, plugin="gdrkv"):
+        return self.remote(plugin).connection.getWrappedConnector()
+
+    def keys(self, token_ids):
+        """[(CacheEngineKey, tokens in its chunk)] for a token sequence."""
+        return [(key, end - start)
+                for start, end, key in self.token_db.process_tokens(torch.tensor(token_ids))]
+
+    def chunk(self, key, ntokens):
+        """A MemoryObj of ntokens holding content determined by the chunk
+        hash (so every worker and rank expects the same bytes)."""
+        obj = self.local_cpu.allocate(self.metadata.get_shapes(ntokens),
+                                      self.metadata.get_dtypes(), self.fmt)
+        data = bytearray(content(key.chunk_hash_hex, obj.get_size()))
+        obj.raw_data.copy_(torch.frombuffer(data, dtype=torch.uint8))
+        return obj
+
+    def store(self, token_ids, plugin="gdrkv"):
+        """Writes the chunks of token_ids through RemoteBackend's batched
+        put and waits for it; returns their keys."""
+        chunks = self.keys(token_ids)
+        keys = [key for key, _ in chunks]
+        objs = [self.chunk(key, ntokens) for key, ntokens in chunks]
+        done = []
+        self.remote(plugin).batched_submit_put_task(keys, objs, on_complete_callback=done.append)
+        for obj in objs:
+            obj.ref_count_down()
+        wait_for(lambda: len(done) == len(keys), 10, "puts to complete")
+        return chunks
+
+    def run(self, coroutine, timeout=10):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def allocated_bytes(self):
+        return self.local_cpu.memory_allocator.pin_allocator.total_allocated_size
+
+    def close(self):
+        for backend in reversed(self.backends.values()):
+            backend.close()
+
+
+def check_chunk(obj, key, ntokens, metadata):
+    """obj is exactly the chunk stored under key: shape and bytes."""
+    assert obj is not None, f"miss for {key}"
+    assert obj.meta.shape == metadata.get_shapes(ntokens)[0]
+    assert bytes(obj.byte_array) == content(key.chunk_hash_hex, obj.get_size())
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """LMCache's storage event loop, on its own thread as in the engine."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=start_loop_in_thread_with_exceptions, args=(loop,),
+                              daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+@pytest.fixture
+def make_worker(loop):
+    """make_worker(url or {plugin: url}, model=..., metadata fields...,
+    config=overrides) -> Worker, closed at teardown."""
+    workers = []
+
+    def make(plugins, model=None, config=None, **metadata_fields):
+        if isinstance(plugins, str):
+            plugins = {"gdrkv": plugins}
+        metadata = engine_metadata(model or unique("model"), **metadata_fields)
+        workers.append(Worker(loop, engine_config(plugins, **(config or {})), metadata))
+        return workers[-1]
+
+    yield make
+    for worker in workers:
+        worker.close()
+
+
+# ---------------------------------------------------------------- round trips
+
+def test_full_and_partial_chunks_round_trip(server, make_worker):
+    worker = make_worker(server.url)
+    remote = worker.remote()
+    chunks = worker.store(tokens(2 * CHUNK_TOKENS + 5))
+    assert [n for _, n in chunks] == [CHUNK_TOKENS, CHUNK_TOKENS, 5]
+    keys = [key for key, _ in chunks]
+
+    assert remote.batched_contains(keys) == 3
+    assert all(remote.contains(key) for key in keys)
+    for key, ntokens in chunks:
+        obj = remote.get_blocking(key)
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+    objs = remote.batched_get_blocking(keys)
+    for obj, (key, ntokens) in zip(objs, chunks):
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+    assert worker.allocated_bytes() == 0
+
+
+def test_lookups_count_the_leading_hits(server, make_worker):
+    worker = make_worker(server.url)
+    remote = worker.remote()
+    token_ids = tokens(4 * CHUNK_TOKENS)
+    keys = [key for key, _ in worker.keys(token_ids)]
+    worker.store(token_ids[:2 * CHUNK_TOKENS])
+
+    assert remote.batched_contains(keys) == 2
+    assert not remote.contains(keys[2])
+    assert remote.get_blocking(keys[3]) is None
+    objs = remote.batched_get_blocking(keys)
+    assert [obj is not None for obj in objs] == [True, True, False, False]
+    for obj in objs[:2]:
+        obj.ref_count_down()
+    assert worker.allocated_bytes() == 0
+
+
+def test_async_loading_path(server, make_worker):
+    worker = make_worker(server.url)
+    remote = worker.remote()
+    token_ids = tokens(3 * CHUNK_TOKENS)
+    chunks = worker.keys(token_ids)
+    keys = [key for key, _ in chunks]
+    worker.store(token_ids[:CHUNK_TOKENS])
+    worker.store(token_ids)     # the first chunk again: stored once, reported fine
+
+    assert worker.run(remote.support_batched_async_contains())
+    assert worker.run(remote.batched_async_contains("lookup-1", keys)) == 3
+    objs = worker.run(remote.batched_get_non_blocking("lookup-1", keys))
+    assert len(objs) == 3
+    for obj, (key, ntokens) in zip(objs, chunks):
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+
+    # A miss in the middle: only the chunks before it come back, and the
+    # ones read after it are released.
+    assert remote.remove(keys[1])
+    assert worker.run(remote.batched_async_contains("lookup-2", keys)) == 1
+    objs = worker.run(remote.batched_get_non_blocking("lookup-2", keys))
+    assert len(objs) == 1
+    objs[0].ref_count_down()
+    assert worker.allocated_bytes() == 0
+
+
+def test_connector_operations(server, make_worker):
+    worker = make_worker(server.url)
+    connector = worker.connector()
+    (key, ntokens), = worker.keys(tokens(CHUNK_TOKENS))
+    obj = worker.chunk(key, ntokens)
+    worker.remote().submit_put_task(key, obj).result(10)     # the one-chunk put
+    obj.ref_count_down()
+    assert connector.exists_sync(key)
+    assert worker.run(connector.exists(key))
+    assert worker.run(connector.ping()) == 0
+    assert worker.run(connector.list()) == []
+    assert connector.remove_sync(key)
+    assert not connector.remove_sync(key)
+    assert not worker.run(connector.exists(key))
+
+
+# ---------------------------------------------------------------- keys
+
+def test_another_replica_reads_what_one_wrote(server, make_worker):
+    """DP replicas run the same metadata; nothing of theirs is in the key."""
+    model = unique("model")
+    writer = make_worker(server.url, model=model)
+    reader = make_worker(server.url, model=model)
+    token_ids = tokens(CHUNK_TOKENS + 3)
+    writer.store(token_ids)
+    chunks = reader.keys(token_ids)
+    for obj, (key, ntokens) in zip(reader.remote().batched_get_blocking([k for k, _ in chunks]),
+                                   chunks):
+        check_chunk(obj, key, ntokens, reader.metadata)
+        obj.ref_count_down()
+
+
+@pytest.mark.parametrize("reader", [
+    dict(world_size=2, worker_id=1),       # another TP shard
+    dict(world_size=2, worker_id=0, dtype=torch.float16),
+    dict(world_size=2, worker_id=0, layers=LAYERS + 1),   # same name, other geometry
+])
+def test_reader_of_other_bytes_misses(server, make_worker, reader):
+    model = unique("model")
+    writer = make_worker(server.url, model=model, world_size=2, worker_id=0)
+    other = make_worker(server.url, model=model, **reader)
+    token_ids = tokens(2 * CHUNK_TOKENS)
+    writer.store(token_ids)
+    keys = [key for key, _ in other.keys(token_ids)]
+    assert other.remote().batched_contains(keys) == 0
+    assert other.remote().batched_get_blocking(keys) == [None, None]
+
+
+def test_mla_ranks_read_the_first_rank_chunks(server, make_worker):
+    """Under MLA LMCache maps every rank's keys to worker 0 (and only rank 0
+    writes): the adapter keys on what LMCache hands it."""
+    model = unique("mla")
+    rank0 = make_worker(server.url, model=model, world_size=2, worker_id=0, use_mla=True)
+    rank1 = make_worker(server.url, model=model, world_size=2, worker_id=1, use_mla=True)
+    token_ids = tokens(CHUNK_TOKENS + 7)
+    rank0.store(token_ids)
+    chunks = rank1.keys(token_ids)
+    keys = [key for key, _ in chunks]
+    assert {key.worker_id for key in keys} == {1}
+    assert rank1.remote().batched_contains(keys) == 2
+    for obj, (key, ntokens) in zip(rank1.remote().batched_get_blocking(keys), chunks):
+        check_chunk(obj, key, ntokens, rank1.metadata)
+        obj.ref_count_down()
+
+
+def write_chunks(url, model, first_token, count):
+    """Run in another process: stores count tokens' chunks through LMCache."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=start_loop_in_thread_with_exceptions, args=(loop,),
+                     daemon=True).start()
+    worker = Worker(loop, engine_config({"gdrkv": url}), engine_metadata(model))
+    worker.store(list(range(first_token, first_token + count)))
+    worker.close()
+
+
+def test_chunks_outlive_the_process_and_hash_seed_that_wrote_them(server, make_worker):
+    model, first, count = unique("model"), 12345, 2 * CHUNK_TOKENS + 1
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    writer = subprocess.run([sys.executable, "-c", "import test_lmcache as t; "
+                             f"t.write_chunks({server.url!r}, {model!r}, {first}, {count})"],
+                            cwd=Path(__file__).parent, env=dict(os.environ, PYTHONHASHSEED=seed),
+                            capture_output=True, timeout=120)
+    assert writer.returncode == 0, writer.stderr.decode(errors="replace")[-4000:]
+    reader = make_worker(server.url, model=model)
+    chunks = reader.keys(list(range(first, first + count)))
+    for obj, (key, ntokens) in zip(reader.remote().batched_get_blocking([k for k, _ in chunks]),
+                                   chunks):
+        check_chunk(obj, key, ntokens, reader.metadata)
+        obj.ref_count_down()
+
+
+# ---------------------------------------------------------------- configuration
+
+def test_several_plugin_instances(server_factory, make_worker):
+    store_a, store_b = server_factory(), server_factory()
+    worker = make_worker({"gdrkv.a": store_a.url, "gdrkv.b": store_b.url})
+    token_ids = tokens(2 * CHUNK_TOKENS)
+    chunks = worker.store(token_ids, plugin="gdrkv.a")
+    keys = [key for key, _ in chunks]
+    assert worker.remote("gdrkv.a").batched_contains(keys) == 2
+    assert worker.remote("gdrkv.b").batched_contains(keys) == 0
+    assert store_a.stats()["objects"] == 2 and store_b.stats()["objects"] == 0
+
+    worker.store(token_ids, plugin="gdrkv.b")
+    assert store_b.stats()["objects"] == 2
+    for obj, (key, ntokens) in zip(worker.remote("gdrkv.b").batched_get_blocking(keys), chunks):
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+
+
+def test_environment_form(server, loop, monkeypatch):
+    monkeypatch.setenv("LMCACHE_CHUNK_SIZE", str(CHUNK_TOKENS))
+    monkeypatch.setenv("LMCACHE_LOCAL_CPU", "False")
+    monkeypatch.setenv("LMCACHE_MAX_LOCAL_CPU_SIZE", "0.01")
+    monkeypatch.setenv("LMCACHE_REMOTE_SERDE", "naive")
+    monkeypatch.setenv("LMCACHE_REMOTE_STORAGE_PLUGINS", "gdrkv")
+    monkeypatch.setenv("LMCACHE_EXTRA_CONFIG", json.dumps(
+        {**plugin_settings("gdrkv", server.url), "save_chunk_meta": False}))
+    worker = Worker(loop, LMCacheEngineConfig.from_env(), engine_metadata(unique("model")))
+    try:
+        (key, ntokens), = worker.store(tokens(CHUNK_TOKENS))
+        obj = worker.remote().get_blocking(key)
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+    finally:
+        worker.close()
+
+
+def test_deprecated_external_url_form(server, loop):
+    config = engine_config({}, remote_storage_plugins=None, remote_url=(
+        f"external://{server.address}/gdrkv.adapters.lmcache/"
+        f"?connector_name=GdrkvConnector&namespace={unique('ns')}"))
+    worker = Worker(loop, config, engine_metadata(unique("model")))
+    try:
+        (key, ntokens), = worker.store(tokens(CHUNK_TOKENS), plugin=None)
+        obj = worker.remote(plugin=None).get_blocking(key)
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+    finally:
+        worker.close()
+
+
+def test_adapter_answers_only_for_gdrkv_plugins():
+    adapter = GdrkvConnectorAdapter()
+    assert adapter.can_parse("plugin://gdrkv") and adapter.can_parse("plugin://gdrkv.a")
+    assert not adapter.can_parse("plugin://gdrkv2") and not adapter.can_parse("plugin://fs")
+    assert not adapter.can_parse("gdrkv://10.0.0.5:7480")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_config_examples_load_the_plugin(path, server, loop):
+    """Each example, loaded by LMCache, builds a working gdrkv backend per
+    plugin (with the example's addresses pointed at the test server)."""
+    config = LMCacheEngineConfig.from_file(str(path))
+    assert config.remote_serde == "naive" and config.remote_url is None
+    assert config.extra_config["save_chunk_meta"] is False
+    for plugin in config.remote_storage_plugins:
+        settings = plugin_settings(plugin, "")
+        for option in settings:
+            assert option in config.extra_config, f"{path.name}: no {option}"
+        config.extra_config[f"remote_storage_plugin.{plugin}.url"] = server.url
+    config.max_local_cpu_size = 0.01
+    worker = Worker(loop, config, engine_metadata(unique("model"), use_mla="mla" in path.name))
+    try:
+        for plugin in config.remote_storage_plugins:
+            assert worker.run(worker.connector(plugin).ping()) == 0
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("problem, overrides", [
+    ("no url", dict(extra_config={k: v for k, v in plugin_settings("gdrkv", "").items()
+                                  if not k.endswith(".url")})),
+    ("serde", dict(remote_serde="cachegen")),
+    ("layerwise", dict(use_layerwise=True)),
+    ("bad url", dict(extra_config=plugin_settings("gdrkv", "gdrkv://h:1?colour=red"))),
+])
+def test_unusable_configuration_is_irrecoverable(problem, overrides, server, loop):
+    config = engine_config({"gdrkv": server.url}, **overrides)
+    metadata = engine_metadata(unique("model"))
+    backends = CreateStorageBackends(config, metadata, loop)
+    try:
+        assert "RemoteBackend-gdrkv" not in backends
+        with pytest.raises(IrrecoverableException, match="gdrkv: "):
+            RemoteBackend(config, metadata, loop, backends["LocalCPUBackend"], "cpu", "gdrkv")
+    finally:
+        backends["LocalCPUBackend"].close()
+
+
+@pytest.mark.parametrize("seed", [None, "random"])
+def test_nondeterministic_hashing_fails_at_start(seed, server, loop, tmp_path, monkeypatch):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+    config, metadata = engine_config({"gdrkv": server.url}), engine_metadata(unique("model"))
+    backends = CreateStorageBackends(config, metadata, loop)
+    try:
+        assert "RemoteBackend-gdrkv" not in backends
+        with pytest.raises(IrrecoverableException, match="export PYTHONHASHSEED=0"):
+            RemoteBackend(config, metadata, loop, backends["LocalCPUBackend"], "cpu", "gdrkv")
+        monkeypatch.setenv("PYTHONHASHSEED", "0")
+        RemoteBackend(config, metadata, loop, backends["LocalCPUBackend"], "cpu", "gdrkv").close()
+    finally:
+        backends["LocalCPUBackend"].close()
+
+
+# ---------------------------------------------------------------- failures
+
+def freeze(server):
+    """SIGSTOP, and wait until it has taken effect: the kernel delivers it
+    asynchronously, and a request may still be served meanwhile."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    stat = Path(f"/proc/{server.proc.pid}/stat")
+    wait_for(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 5, "SIGSTOP")
+
+
+@pytest.mark.parametrize("failure", ["killed", "hung"])
+def test_server_down_then_back(failure, server_factory, make_worker):
+    server = server_factory()
+    worker = make_worker(server.url + "?timeout_ms=1000&backoff_max_ms=200")
+    remote, connector = worker.remote(), worker.connector()
+    keys = [key for key, _ in worker.store(tokens(2 * CHUNK_TOKENS))]
+    assert remote.batched_contains(keys) == 2
+
+    if failure == "killed":
+        server.kill()
+    else:
+        freeze(server)
+    start = time.monotonic()
+    assert remote.batched_contains(keys) == 0
+    assert time.monotonic() - start < 1.5, "a lookup must not wait past timeout_ms"
+    start = time.monotonic()
+    assert remote.get_blocking(keys[0]) is None
+    assert remote.batched_get_blocking(keys) == [None, None]
+    assert worker.run(remote.batched_get_non_blocking("down", keys)) == []
+    assert time.monotonic() - start < 3 * BLOCKING_TIMEOUT_S, "gets must end in time"
+    assert worker.run(connector.ping()) != 0
+    wait_for(lambda: worker.allocated_bytes() == 0, 5, "failed gets to release their chunks")
+
+    if failure == "killed":
+        server.restart()
+    else:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    wait_for(lambda: worker.run(connector.ping()) == 0, 10, "ping to see the server back")
+    if failure == "killed":         # it came back empty: store something new
+        keys = [key for key, _ in worker.store(tokens(CHUNK_TOKENS))]
+    assert remote.batched_contains(keys) == len(keys)
+    for obj in remote.batched_get_blocking(keys):
+        assert obj is not None
+        obj.ref_count_down()
+
+
+def test_full_cpu_buffer_turns_gets_into_misses(server, make_worker):
+    worker = make_worker(server.url)
+    remote = worker.remote()
+    keys = [key for key, _ in worker.store(tokens(2 * CHUNK_TOKENS))]
+    shapes, dtypes = worker.metadata.get_shapes(), worker.metadata.get_dtypes()
+    hoard = list(iter(lambda: worker.local_cpu.allocate(shapes, dtypes, worker.fmt,
+                                                        busy_loop=False), None))
+
+    start = time.monotonic()
+    assert remote.get_blocking(keys[0]) is None
+    assert remote.batched_get_blocking(keys) == [None, None]
+    assert worker.run(remote.batched_get_non_blocking("full", keys)) == []
+    assert time.monotonic() - start < 1, "a full buffer must not make gets wait"
+
+    hoard.pop().ref_count_down()    # room for one chunk: the first one hits
+    objs = remote.batched_get_blocking(keys)
+    assert objs[0] is not None and objs[1] is None
+    objs[0].ref_count_down()
+    for obj in hoard:
+        obj.ref_count_down()
+    assert worker.allocated_bytes() == 0
+
+
+def test_cancelled_get_keeps_its_chunk_until_the_client_let_go(fake_server, make_worker):
+    """LMCache cancels a get after blocking_timeout_secs and moves on; the
+    chunk being read into must stay allocated until the client call ended
+    (timeout_ms later), or the client would write into memory reused."""
+    silent = fake_server(drain)
+    worker = make_worker(silent.url + "?timeout_ms=2000", config=dict(blocking_timeout_secs=1))
+    (key, _), = worker.keys(tokens(CHUNK_TOKENS))
+    start = time.monotonic()
+    assert worker.remote().get_blocking(key) is None
+    assert worker.allocated_bytes() > 0, "released while the client may still write into it"
+    wait_for(lambda: worker.allocated_bytes() == 0, 5, "the cancelled get to release its chunk")
+    assert time.monotonic() - start > 1.9
+
+
+def test_put_returns_only_after_the_client_let_go(fake_server, make_worker):
+    """Even a put whose caller gave up returns only once the client call has
+    ended: LMCache frees the chunk as soon as put returns."""
+    silent = fake_server(drain)
+    worker = make_worker(silent.url + "?timeout_ms=1000")
+    connector = worker.connector()
+    (key, ntokens), = worker.keys(tokens(CHUNK_TOKENS))
+    obj = worker.chunk(key, ntokens)
+
+    async def impatient_put():
+        await asyncio.wait_for(connector.put(key, obj), 0.1)
+
+    start = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        worker.run(impatient_put())
+    assert time.monotonic() - start > 0.9
+    obj.ref_count_down()

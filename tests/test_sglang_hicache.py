@@ -1,0 +1,423 @@
+"""The SGLang HiCache backend against real gdrkv servers and the real
+sglang==0.5.23 package (tests/install_engines.sh installs it): every host
+layout, MHA and MLA, TP and DP ranks, the dynamic factory, fail-soft when a
+server dies, concurrent prefetch and backup threads, and pages that survive
+a restart of the engine process (docs/keys.md)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import engines
+
+engines.require("sglang.srt.mem_cache.hicache_storage")
+import torch  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+
+import sglang_pools as sp  # noqa: E402
+from conftest import unique  # noqa: E402
+from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
+
+SERVER_MEMORY = "256MiB"
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs", "sglang")
+POOL_PAGES = 8
+
+
+@pytest.fixture
+def make_backend(server):
+    """make_backend(**storage_config fields, options=...) -> a backend on the
+    module's server in this test's namespace, closed at teardown."""
+    namespace = unique("ns")
+    backends = []
+
+    def make(options=None, **fields):
+        extra = sp.extra_config(server.url, namespace=namespace, **(options or {}))
+        backends.append(GdrkvHiCacheStorage(sp.storage_config(extra=extra, **fields), {}))
+        return backends[-1]
+
+    yield make
+    for backend in backends:
+        backend.close()
+
+
+def attached(backend, pool):
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def hashes(n, page_size=4, salt=0):
+    return sp.page_hashes([salt * 1_000_003 + t for t in range(n * page_size)], page_size)
+
+
+def same_pages(a, a_pages, b, b_pages):
+    return [a.page_bytes(p) == b.page_bytes(q) for p, q in zip(a_pages, b_pages)]
+
+
+# ---------------------------------------------------------------- layouts
+
+LAYOUTS = ([("mha", layout) for layout in sp.MHA_LAYOUTS]
+           + [("mla", layout) for layout in sp.MLA_LAYOUTS])
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("attention,layout", LAYOUTS)
+def test_pages_round_trip_byte_exact(make_backend, attention, layout, page_size):
+    make = sp.mla_pool if attention == "mla" else sp.mha_pool
+    writer_pool, reader_pool = make(layout, page_size, seed=1), make(layout, page_size, seed=2)
+    writer = attached(make_backend(mla=attention == "mla"), writer_pool)
+    reader = attached(make_backend(mla=attention == "mla"), reader_pool)
+    keys = hashes(4, page_size)
+
+    assert writer.batch_set_v1(keys, writer_pool.indices([1, 2, 3, 4])) == [True] * 4
+    assert reader.batch_exists(keys) == 4
+    # Other slots of another pool: the bytes move, not the slot numbers.
+    assert reader.batch_get_v1(keys, reader_pool.indices([6, 0, 7, 3])) == [True] * 4
+    assert same_pages(writer_pool, [1, 2, 3, 4], reader_pool, [6, 0, 7, 3]) == [True] * 4
+
+
+def test_copying_interface_round_trips(make_backend):
+    """Without interface_v1 SGLang copies flat pages through batch_set/batch_get."""
+    source, dest = sp.mha_pool("layer_first", 16, seed=1), sp.mha_pool("layer_first", 16, seed=2)
+    writer = attached(make_backend(options={"interface_v1": 0}), source)
+    reader = attached(make_backend(options={"interface_v1": 0}), dest)
+    keys = hashes(3, 16)
+
+    assert writer.batch_set(keys, [source.get_data_page(p * 16) for p in range(3)])
+    assert writer.set(keys[0], source.get_data_page(0))             # already there
+    assert reader.batch_exists(keys + ["missing"]) == 3 and reader.exists(keys[2])
+    targets = reader.batch_get(keys + ["missing"],
+                               [dest.get_dummy_flat_data_page() for _ in range(4)])
+    assert targets[3] is None and reader.get("missing", dest.get_dummy_flat_data_page()) is None
+    for page, target in enumerate(targets[:3]):
+        dest.set_from_flat_data_page((page + 4) * 16, target)
+    assert same_pages(source, [0, 1, 2], dest, [4, 5, 6]) == [True] * 3
+    # Zero-copy and copying objects are laid out differently: never mixed.
+    assert attached(make_backend(), dest).batch_exists(keys) == 0
+
+
+def test_mooncake_style_duck_pool(make_backend):
+    """The minimal pool of SGLang's own backend tests: kv_buffer, layout,
+    page_size and get_page_buffer_meta only."""
+    class MockHostKVCache:
+        def __init__(self, buffer):
+            self.kv_buffer, self.layout, self.page_size = buffer, "page_first", 1
+
+        def get_page_buffer_meta(self, indices):
+            ptrs = [self.kv_buffer[int(i) * 512 + half * 256:].data_ptr()
+                    for i in indices for half in (0, 1)]
+            return ptrs, [256 * self.kv_buffer.element_size()] * len(ptrs)
+
+    source, dest = MockHostKVCache(torch.randn(8 * 512)), MockHostKVCache(torch.zeros(8 * 512))
+    writer, reader = attached(make_backend(), source), attached(make_backend(), dest)
+    keys = hashes(3, 1)
+    assert writer.batch_set_v1(keys, torch.tensor([0, 1, 2])) == [True] * 3
+    assert reader.batch_get_v1(keys, torch.tensor([5, 6, 7])) == [True] * 3
+    assert torch.equal(source.kv_buffer[:3 * 512], dest.kv_buffer[5 * 512:])
+
+
+# ---------------------------------------------------------------- ranks
+
+def test_mha_tp_ranks_keep_their_own_shards(make_backend):
+    pools = [sp.mha_pool("page_first", 16, seed=rank) for rank in range(4)]
+    ranks = [attached(make_backend(tp_rank=r, tp_size=4), pools[r]) for r in range(4)]
+    keys = hashes(2, 16)
+    for rank in ranks:
+        assert rank.batch_set_v1(keys, pools[0].indices([0, 1])) == [True, True]
+    for r, rank in enumerate(ranks):
+        landing = sp.mha_pool("page_first", 16, seed=99)
+        assert attached(make_backend(tp_rank=r, tp_size=4), landing).batch_get_v1(
+            keys, landing.indices([2, 3])) == [True, True]
+        assert same_pages(pools[r], [0, 1], landing, [2, 3]) == [True, True]
+    # The same rank of another TP size holds other bytes.
+    assert attached(make_backend(tp_rank=0, tp_size=2), pools[0]).batch_exists(keys) == 0
+
+
+def test_mla_ranks_share_one_rank_less_copy(make_backend):
+    writer_pool = sp.mla_pool("page_first", 16, seed=1)
+    keys = hashes(3, 16)
+    writer = attached(make_backend(mla=True, tp_rank=0, tp_size=4), writer_pool)
+    assert writer.batch_set_v1(keys, writer_pool.indices([0, 1, 2])) == [True] * 3
+    for rank in range(1, 4):
+        pool = sp.mla_pool("page_first", 16, seed=rank + 10)
+        reader = attached(make_backend(mla=True, tp_rank=rank, tp_size=4), pool)
+        assert reader.batch_get_v1(keys, pool.indices([5, 6, 7])) == [True] * 3
+        assert same_pages(writer_pool, [0, 1, 2], pool, [5, 6, 7]) == [True] * 3
+        # A non-writer rank's backup that arrives anyway changes nothing.
+        assert reader.batch_set_v1(keys, pool.indices([0, 1, 2])) == [True] * 3
+
+
+def test_dp_replicas_share_pages(make_backend):
+    pools = [sp.mha_pool("page_first", 16, seed=s) for s in (1, 2)]
+    replica0 = attached(make_backend(dp_rank=0, tp_rank=1, tp_size=2), pools[0])
+    replica1 = attached(make_backend(dp_rank=1, tp_rank=1, tp_size=2), pools[1])
+    keys = hashes(4, 16)
+    assert replica0.batch_set_v1(keys, pools[0].indices([0, 1, 2, 3])) == [True] * 4
+    assert replica1.batch_get_v1(keys, pools[1].indices([4, 5, 6, 7])) == [True] * 4
+    assert same_pages(pools[0], [0, 1, 2, 3], pools[1], [4, 5, 6, 7]) == [True] * 4
+
+
+def test_pipeline_stages_and_dtypes_do_not_mix(make_backend):
+    pool = sp.mha_pool("page_first", 16)
+    keys = hashes(2, 16)
+    assert attached(make_backend(pp_rank=0, pp_size=2), pool).batch_set_v1(
+        keys, pool.indices([0, 1])) == [True, True]
+    assert attached(make_backend(pp_rank=1, pp_size=2), pool).batch_exists(keys) == 0
+    fp16 = sp.mha_pool("page_first", 16, dtype=torch.float16)
+    assert attached(make_backend(pp_rank=0, pp_size=2), fp16).batch_exists(keys) == 0
+
+
+# ---------------------------------------------------------------- contract
+
+def test_batch_exists_counts_the_leading_run(make_backend):
+    pool = sp.mha_pool("page_first", 4)
+    backend = attached(make_backend(), pool)
+    keys = hashes(5, 4)
+    backend.batch_set_v1([keys[i] for i in (0, 1, 3, 4)], pool.indices([0, 1, 3, 4]))
+    assert backend.batch_exists(keys) == 2
+    assert backend.batch_exists(keys[3:]) == 2
+    assert backend.batch_exists([]) == 0
+
+
+def test_one_request_per_server_per_call(server_factory):
+    servers = [server_factory(memory="64MiB") for _ in range(2)]
+    extra = sp.extra_config("gdrkv://" + ",".join(s.address for s in servers),
+                            namespace=unique("ns"))
+    pool = sp.mha_pool("page_first", 1, pages=128)
+    backend = attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}), pool)
+    keys = hashes(64, 1)
+    calls = {"ops_put": lambda: backend.batch_set_v1(keys, pool.indices(range(64))),
+             "ops_exists": lambda: backend.batch_exists(keys),
+             "ops_get": lambda: backend.batch_get_v1(keys, pool.indices(range(64, 128)))}
+    try:
+        for counter, call in calls.items():
+            before = [s.stats()[counter] for s in servers]
+            call()
+            assert [s.stats()[counter] - b for s, b in zip(servers, before)] == [1, 1], counter
+    finally:
+        backend.close()
+
+
+def test_existing_pages_count_as_stored(make_backend):
+    pool = sp.mha_pool("page_first", 16)
+    backend = attached(make_backend(), pool)
+    keys = hashes(3, 16)
+    assert backend.batch_set_v1(keys[:2], pool.indices([0, 1])) == [True, True]
+    assert backend.batch_set_v1(keys, pool.indices([0, 1, 2])) == [True] * 3
+
+
+def test_bad_calls_fail_soft(make_backend):
+    pool = sp.mha_pool("page_first", 16)
+    backend = make_backend()
+    keys = hashes(2, 16)
+    assert backend.batch_get_v1(keys, pool.indices([0, 1])) == [False, False]   # no pool yet
+    attached(backend, pool)
+    assert backend.batch_set_v1(keys, pool.indices([0])) == [False, False]     # short indices
+    assert backend.batch_get(keys, None) == [None, None]
+    assert backend.batch_set(keys, [torch.zeros(3), torch.zeros(3)]) is False
+    backend.close()
+    assert backend.batch_get_v1(keys, pool.indices([0, 1])) == [False, False]
+    assert backend.batch_exists(keys) == 0 and backend.clear() is False
+
+
+def test_clear_and_metrics(make_backend, monkeypatch):
+    # metrics_collector imports SGLang's GPU stack; its StorageMetrics is plain.
+    module = type(sys)("sglang.srt.observability.metrics_collector")
+    module.StorageMetrics = sp.sglang_definitions(
+        "srt/observability/metrics_collector.py", ["StorageMetrics"])["StorageMetrics"]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    pool = sp.mha_pool("page_first", 16)
+    backend = attached(make_backend(metrics=True), pool)
+    keys = hashes(3, 16)
+    backend.batch_set_v1(keys, pool.indices([0, 1, 2]))
+    backend.batch_get_v1(keys, pool.indices([3, 4, 5]))
+    stats = backend.get_stats()
+    assert isinstance(stats, module.StorageMetrics)
+    assert stats.backup_pgs == [3] and stats.prefetch_pgs == [3]
+    assert stats.backup_bandwidth[0] > 0 and stats.prefetch_bandwidth[0] > 0
+    assert backend.get_stats().prefetch_pgs == []                       # drained
+    assert make_backend().get_stats() is None                           # metrics off
+    assert backend.clear() is True and backend.batch_exists(keys) == 0
+
+
+def test_hybrid_sidecar_pools_are_refused_at_attach(make_backend):
+    pool = sp.mha_pool("page_first", 16)
+    backend = attached(make_backend(), pool)
+    backend.register_mem_host_pool_v2(pool, PoolName.KV)
+    with pytest.raises(NotImplementedError, match="mamba"):
+        backend.register_mem_host_pool_v2(pool, PoolName.MAMBA)
+
+
+def test_packed_fp8_needs_the_logical_dtype(make_backend):
+    pool = sp.mha_pool("page_first", 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        attached(make_backend(), pool)
+    e4m3 = attached(make_backend(options={"kv_cache_dtype": "fp8_e4m3"}), pool)
+    e5m2 = attached(make_backend(options={"kv_cache_dtype": "fp8_e5m2"}), pool)
+    keys = hashes(1, 16)
+    assert e4m3.batch_set_v1(keys, pool.indices([0])) == [True]
+    assert e5m2.batch_exists(keys) == 0
+
+
+def test_unknown_options_are_named(server):
+    config = sp.storage_config(extra=sp.extra_config(server.url, timeout=5))
+    with pytest.raises(ValueError, match=r"'timeout'.*timeout_ms.*kv_cache_dtype"):
+        GdrkvHiCacheStorage(config, {})
+    with pytest.raises(ValueError, match="model"):
+        GdrkvHiCacheStorage(sp.storage_config(model=None, extra=sp.extra_config(server.url)), {})
+
+
+# ---------------------------------------------------------------- factory
+
+@pytest.mark.parametrize("source", ["dict", "sglang_hicache.json", "sglang_hicache.yaml"])
+def test_dynamic_factory_builds_the_backend(server, source):
+    if source == "dict":
+        extra = sp.extra_config(server.url)
+    else:
+        # SGLang's own parser of --hicache-storage-backend-extra-config @file
+        parse = sp.sglang_definitions("srt/mem_cache/hybrid_cache/hybrid_cache_controller.py",
+                                      ["parse_storage_backend_extra_config"],
+                                      "HybridCacheController")
+        extra = parse["parse_storage_backend_extra_config"]("@" + os.path.join(CONFIGS, source))[0]
+        extra["url"] = server.url
+    pool = sp.mha_pool("page_first", 16)
+    backend = StorageBackendFactory.create_backend(
+        "dynamic", sp.storage_config(extra=extra), pool)
+    try:
+        assert isinstance(backend, GdrkvHiCacheStorage)
+        backend.register_mem_pool_host(pool)
+        assert backend.batch_set_v1(hashes(1, 16, salt=7), pool.indices([0])) == [True]
+    finally:
+        backend.close()
+
+
+def test_embedded_server_without_url():
+    config = sp.storage_config(extra={"backend_name": "gdrkv", "interface_v1": 1,
+                                      "embedded_memory": "16MiB"})
+    backend = attached(GdrkvHiCacheStorage(config, {}), sp.mha_pool("page_first", 16))
+    try:
+        pool = backend.mem_pool_host
+        keys = hashes(2, 16)
+        assert backend.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+        assert backend.batch_exists(keys) == 2
+    finally:
+        backend.close()
+
+
+# ---------------------------------------------------------------- failures
+
+def test_server_killed_mid_prefetch_gives_short_hits(server_factory):
+    """Two servers; one dies while prefetch threads run: every call returns
+    within the timeout, without raising, with the pages of the live server."""
+    servers = [server_factory(memory="64MiB") for _ in range(2)]
+    url = "gdrkv://" + ",".join(s.address for s in servers)
+    timeout_ms = 500
+    extra = sp.extra_config(url, namespace=unique("ns"), timeout_ms=timeout_ms,
+                            connect_timeout_ms=200)
+    pool = sp.mha_pool("page_first", 4, pages=64)
+    backend = attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}), pool)
+    keys = hashes(32, 4)
+    assert backend.batch_set_v1(keys, pool.indices(range(32))) == [True] * 32
+
+    slowest, errors, stop = [0.0], [], threading.Event()
+
+    def prefetch():
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                backend.batch_exists(keys)
+                backend.batch_get_v1(keys, pool.indices(range(32, 64)))
+            except Exception as e:          # noqa: BLE001 - the test is that none escape
+                errors.append(e)
+            slowest[0] = max(slowest[0], time.monotonic() - start)
+
+    threads = [threading.Thread(target=prefetch) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    servers[1].kill()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not errors and not any(t.is_alive() for t in threads)
+    # Two bounded calls per loop (exists, get), with slack for a loaded machine.
+    assert slowest[0] < 2 * timeout_ms / 1000 + 1.5
+
+    hits = backend.batch_get_v1(keys, pool.indices(range(32, 64)))
+    assert 0 < hits.count(True) < 32
+    leading = hits.index(False)
+    assert backend.batch_exists(keys) == leading
+    backend.close()
+
+
+def test_concurrent_prefetch_and_backup_threads(make_backend):
+    pool = sp.mha_pool("page_first", 4, pages=256, seed=3)
+    backend = attached(make_backend(), pool)
+    reference = sp.mha_pool("page_first", 4, pages=256, seed=3)
+    errors = []
+
+    def backup(first):
+        for batch in range(first, 128, 4):
+            pages = list(range(batch * 2, batch * 2 + 2))
+            keys = [f"{p:064x}" for p in pages]
+            if backend.batch_set_v1(keys, pool.indices(pages)) != [True, True]:
+                errors.append(("set", pages))
+
+    def prefetch(first):
+        # Reads whatever is there into the upper half, then checks it.
+        for batch in range(first, 64, 2):
+            pages = list(range(batch * 2, batch * 2 + 2))
+            slots = [128 + p for p in pages]
+            done = backend.batch_get_v1([f"{p:064x}" for p in pages], pool.indices(slots))
+            for page, slot, ok in zip(pages, slots, done):
+                if ok and pool.page_bytes(slot) != reference.page_bytes(page):
+                    errors.append(("get", page))
+
+    threads = ([threading.Thread(target=backup, args=(i,)) for i in range(4)]
+               + [threading.Thread(target=prefetch, args=(i,)) for i in range(2)])
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert backend.batch_exists([f"{p:064x}" for p in range(128)]) == 128
+
+
+# ---------------------------------------------------------------- restarts
+
+def run_fresh_process(mode, server, namespace, hashseed, **settings):
+    """Runs tests/sglang_pools.py in a new interpreter for an MHA and an MLA
+    pool: {"mha": per-page results, "mla": per-page results}."""
+    base = {"dtype": "bfloat16", "layout": "page_first", "page_size": 16,
+            "tokens": list(range(16 * 6)), "tp_rank": 0, "tp_size": 2, "dp_rank": 0}
+    runs = [{**base, "mla": mla, **settings} for mla in (False, True)]
+    env = dict(os.environ, PYTHONHASHSEED=hashseed)
+    script = os.path.join(os.path.dirname(__file__), "sglang_pools.py")
+    done = subprocess.run([sys.executable, script, mode, server.url, namespace,
+                           json.dumps(runs)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(zip(("mha", "mla"), json.loads(done.stdout.strip().splitlines()[-1])))
+
+
+def test_pages_outlive_the_process_that_wrote_them(server):
+    """Issue 7 end to end: a writer process exits; fresh processes with other
+    hash seeds and DP ranks read every page byte-exact; another TP rank (MHA)
+    or dtype misses instead of reading wrong bytes."""
+    namespace = unique("ns")
+    pages = 6
+    assert run_fresh_process("write", server, namespace, "0") == {
+        "mha": [True] * pages, "mla": [True] * pages}
+    for seed, dp_rank in (("1", 1), ("random", 3)):
+        assert run_fresh_process("read", server, namespace, seed, dp_rank=dp_rank) == {
+            "mha": [True] * pages, "mla": [True] * pages}, (seed, dp_rank)
+    # MLA pages are rank-less: another TP rank reads them.
+    assert run_fresh_process("read", server, namespace, "2", tp_rank=1) == {
+        "mha": [False] * pages, "mla": [True] * pages}
+    assert run_fresh_process("read", server, namespace, "3", dtype="float16") == {
+        "mha": [False] * pages, "mla": [False] * pages}
