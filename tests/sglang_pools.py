@@ -116,13 +116,15 @@ def mla_pool(layout, page_size, pages=8, layer_num=2, kv_cache_dim=24,
 
 
 def storage_config(*, model="meta-llama/Llama-3.1-8B-Instruct", mla=False, tp_rank=0,
-                   tp_size=1, dp_rank=0, pp_rank=0, pp_size=1, metrics=False, extra=None):
+                   tp_size=1, dp_rank=0, pp_rank=0, pp_size=1, dcp_size=1,
+                   logical_page_size=None, metrics=False, extra=None):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size,
         attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
         is_page_first_layout=True, model_name=model, dp_rank=dp_rank,
+        dcp_size=dcp_size, dcp_rank=tp_rank % dcp_size, logical_page_size=logical_page_size,
         extra_config=dict(extra or {}))
 
 

@@ -145,6 +145,22 @@ def test_tp_ranks_split_mha_and_share_mla(tp):
     assert len(mla) == 1 and "/tp" not in mla.pop()
 
 
+@given(st.sampled_from([2, 4, 8]).flatmap(lambda dcp: st.tuples(
+    st.just(dcp), st.integers(1, 4).map(lambda groups: groups * dcp))))
+def test_dcp_shards_split_and_dcp_groups_share(dcp_tp):
+    """Under decode context parallelism every MLA rank of a DCP group holds
+    another shard of the logical page: shards must never share a key, while
+    the same shard in another DCP group (another TP rank) must."""
+    dcp, tp_size = dcp_tp
+    prefixes = {r: adapter_prefix(mla=True, tp_rank=r, tp_size=tp_size, dcp_size=dcp,
+                                  logical_page_size=64 * dcp) for r in range(tp_size)}
+    for r, prefix in prefixes.items():
+        assert f"/dcp{r % dcp}of{dcp}/" in prefix and f"/lp{64 * dcp}/" in prefix
+        assert prefix == prefixes[r % dcp]
+    assert len(set(prefixes.values())) == dcp
+    assert adapter_prefix(mla=True, tp_rank=0, tp_size=tp_size) not in prefixes.values()
+
+
 # ---------------------------------------------------------------- fields
 
 MUTATIONS = {

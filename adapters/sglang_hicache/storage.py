@@ -199,14 +199,21 @@ class GdrkvHiCacheStorage(HiCacheStorage):
 def key_scheme(config, *, layout, dtype, page_tokens, segment_bytes):
     """The KeyScheme of pages of one geometry for a HiCacheStorageConfig:
     the model, and the TP (not for MLA, whose pages are the same on every TP
-    rank), PP and context-parallel coordinates; never the DP rank."""
+    rank), PP, context-parallel and decode-context-parallel coordinates;
+    never the DP rank. Under DCP each MLA rank of a DCP group holds another
+    shard of the logical page, so the DCP rank and the logical page size
+    are part of the key (SGLang's own file backend keys them the same way)."""
     tp = (None, None) if config.is_mla_model else (config.tp_rank, config.tp_size)
     cp = (config.attn_cp_rank, config.attn_cp_size) if config.attn_cp_size > 1 else (None, None)
+    dcp_size = getattr(config, "dcp_size", 1) or 1
+    dcp = (config.dcp_rank, dcp_size) if dcp_size > 1 else (None, None)
+    logical = config.logical_page_size if dcp_size > 1 else None
     return KeyScheme(engine="sglang", model=config.model_name, dtype=dtype, layout=layout,
                      page_tokens=page_tokens, segments=len(segment_bytes),
                      segment_bytes=list(segment_bytes), tp_rank=tp[0], tp_size=tp[1],
                      pp_rank=config.pp_rank, pp_size=config.pp_size,
-                     cp_rank=cp[0], cp_size=cp[1])
+                     cp_rank=cp[0], cp_size=cp[1], dcp_rank=dcp[0], dcp_size=dcp[1],
+                     logical_page_tokens=logical)
 
 
 def _connect(options):

@@ -56,13 +56,16 @@ class KeyScheme:
     Keyword arguments: engine ("sglang", "lmcache"), model (any string),
     dtype (str or torch.dtype), layout (engine layout name), page_tokens,
     segments and segment_bytes (an int for equal segments, or one int per
-    segment), and the rank/size pairs tp, pp and cp (None, None where the
-    object does not depend on that rank). Raises ValueError on bad fields.
+    segment), the rank/size pairs tp, pp, cp and dcp (None, None where the
+    object does not depend on that rank), and logical_page_tokens where a
+    page is a shard of a larger logical page (SGLang's decode context
+    parallelism). Raises ValueError on bad fields.
     """
 
     def __init__(self, *, engine, model, dtype, layout, page_tokens, segments, segment_bytes,
                  tp_rank=None, tp_size=None, pp_rank=None, pp_size=None,
-                 cp_rank=None, cp_size=None):
+                 cp_rank=None, cp_size=None, dcp_rank=None, dcp_size=None,
+                 logical_page_tokens=None):
         parts = [
             _name("engine", engine),
             _model(model),
@@ -71,8 +74,10 @@ class KeyScheme:
             f"p{_positive('page_tokens', page_tokens)}",
             _geometry(segments, segment_bytes),
         ]
+        if logical_page_tokens is not None:
+            parts.append(f"lp{_positive('logical_page_tokens', logical_page_tokens)}")
         for axis, rank, size in (("tp", tp_rank, tp_size), ("pp", pp_rank, pp_size),
-                                 ("cp", cp_rank, cp_size)):
+                                 ("cp", cp_rank, cp_size), ("dcp", dcp_rank, dcp_size)):
             coordinate = _coordinate(axis, rank, size)
             if coordinate:
                 parts.append(coordinate)
