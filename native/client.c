@@ -64,14 +64,20 @@ static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
         return open_error(err, errlen, GDRKV_E_INVALID, "connect_timeout_ms must be positive");
     if (o->backoff_max_ms < o->backoff_min_ms)
         return open_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
+    if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_SHM)
+        return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp or shm");
     return 0;
 }
 
-/* Parses one entry of the server list (len bytes at spec) into the next slot. */
+#define UNIX_PREFIX "unix:"
+
+/* Parses one entry of the server list (len bytes at spec) into the next
+ * slot: "host[:port]", or "unix:PATH" for a local server's socket. */
 static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, size_t errlen)
 {
     char text[CLIENT_SERVER_NAME_MAX];
     struct gk_addr addr;
+    const char *unix_path = NULL;
 
     while (len && (*spec == ' ' || *spec == '\t'))
         spec++, len--;
@@ -84,12 +90,24 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
                           "server address '%.40s...' is too long", spec);
     memcpy(text, spec, len);
     text[len] = '\0';
-    if (gk_parse_addr(text, CLIENT_DEFAULT_PORT, &addr))
+    if (!strncmp(text, UNIX_PREFIX, strlen(UNIX_PREFIX))) {
+        unix_path = text + strlen(UNIX_PREFIX);
+        if (!*unix_path || strlen(unix_path) >= GK_UNIX_PATH_MAX)
+            return open_error(err, errlen, GDRKV_E_INVALID,
+                              "bad unix socket path in '%s' (1..%d bytes)", text,
+                              GK_UNIX_PATH_MAX - 1);
+    } else if (gk_parse_addr(text, CLIENT_DEFAULT_PORT, &addr)) {
         return open_error(err, errlen, GDRKV_E_INVALID,
-                          "bad server address '%s' (want host:port)", text);
+                          "bad server address '%s' (want host:port or unix:PATH)", text);
+    }
 
     struct client_server *s = &c->servers[c->nservers];
-    if (client_server_init(s, &addr, &c->opts))
+    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
+    if (rc == GDRKV_E_INVALID)
+        return open_error(err, errlen, rc, "server %s can't use transport %s: shm needs a "
+                          "local server (a loopback address or unix:PATH)", text,
+                          c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "shm");
+    if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
@@ -132,6 +150,11 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
         free(c);
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     }
+    if (client_copier_init(&c->copier)) {
+        client_regions_destroy(&c->regions);
+        free(c);
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    }
     c->opts = *opts;
     c->opts.servers = NULL;
     snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
@@ -157,6 +180,7 @@ void gdrkv_client_close(gdrkv_client *c)
     free(c->servers);
     free(c->seeds);
     client_regions_destroy(&c->regions);
+    client_copier_destroy(&c->copier);
     free(c);
 }
 
@@ -280,6 +304,8 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     k = &c->counters;
     gk_text_init(&t, buf, len);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
+        if (gk_op_is_shm(op))
+            continue;   /* frames of the transport, never calls of their own */
         snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
         gk_text_u64(&t, name, load(&k->calls[op]));
         if (client_op_has_keys(op)) {
@@ -295,11 +321,16 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "connects", load(&k->connects));
     gk_text_u64(&t, "connect_failures", load(&k->connect_failures));
     gk_text_u64(&t, "shortcircuit_keys", load(&k->shortcircuit_keys));
+    gk_text_u64(&t, "shm_connects", load(&k->shm_connects));
+    gk_text_u64(&t, "shm_bytes_copied", load(&k->shm_bytes_copied));
+    gk_text_u64(&t, "shm_leases_expired", load(&k->shm_leases_expired));
     for (uint32_t i = 0; i < c->nservers; i++)
         down += (uint32_t)client_server_is_down(&c->servers[i]);
     gk_text_u64(&t, "servers", c->nservers);
     gk_text_u64(&t, "servers_down", down);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
+        if (gk_op_is_shm(op))
+            continue;
         struct gk_latency lat = {0};
         gk_latency_merge(&lat, &k->latency[op]);
         snprintf(name, sizeof name, "latency_%s", gk_op_name(op));

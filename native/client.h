@@ -9,6 +9,8 @@
  *   client_run.c      connections for the jobs, the poll loop, health reports
  *   client_conn.c     one connection's non-blocking frame state machine
  *   client_iov.c      a frame's bytes as iovec windows over caller segments
+ *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
+ *   client_copy.c     shm: the copies, with helper threads for large frames
  *   client_server.c   one server: idle connection pool and health/backoff
  *   client_regions.c  registered memory ranges
  *   route.c           rendezvous hashing of keys to servers
@@ -18,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "client_copy.h"
 #include "client_regions.h"
 #include "gdrkv.h"
 #include "protocol.h"
@@ -38,6 +41,9 @@ struct client_counters {
     uint64_t connects;              /* connections opened */
     uint64_t connect_failures;
     uint64_t shortcircuit_keys;     /* keys failed at once because their server was down */
+    uint64_t shm_connects;          /* of connects, over a unix socket with the pool mapped */
+    uint64_t shm_bytes_copied;      /* GET bytes copied out of a mapped pool */
+    uint64_t shm_leases_expired;    /* LEASE frames whose keys failed: lease lost before RELEASE */
 };
 
 struct gdrkv_client {
@@ -48,6 +54,7 @@ struct gdrkv_client {
     struct client_server *servers;
     uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
     struct client_regions regions;
+    struct client_copier copier;    /* helper threads for large shm copies */
     struct client_counters counters;
 };
 

@@ -340,6 +340,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
             .seg_lens = k->seg_lens,
             .seg_counts = k->seg_counts,
             .results = k->results,
+            .copier = &c->copier,
         },
         .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
     };

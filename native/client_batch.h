@@ -15,6 +15,7 @@
 #include "protocol.h"
 
 struct client_conn;
+struct client_copier;
 struct gdrkv_client;
 
 struct client_batch {
@@ -41,9 +42,14 @@ struct client_batch {
     char *text;
     size_t text_cap;
 
+    /* shm: the client's copy helpers. */
+    struct client_copier *copier;
+
     /* Traffic of the call, added to the client's counters once at the end. */
     uint64_t bytes_sent;
     uint64_t bytes_received;
+    uint64_t shm_bytes_copied;
+    uint64_t shm_leases_expired;
 };
 
 /* One request and its response. */

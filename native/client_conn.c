@@ -18,6 +18,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "client_server.h"
+#include "client_shm.h"
 #include "common.h"
 #include "gdrkv.h"
 #include "log.h"
@@ -25,9 +27,19 @@
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
-struct client_conn *client_conn_open(const struct gk_addr *addr, uint64_t deadline_ns, int *err)
+struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err)
 {
-    int fd = gk_connect_tcp(addr, deadline_ns);
+    struct client_pool *pool = NULL;
+    int fd = GDRKV_E_UNAVAILABLE;
+
+    if (s->unix_path[0]) {
+        fd = client_shm_connect(s, deadline_ns, &pool);
+        if (fd < 0 && !s->shm_only)
+            GK_DEBUG("%s: no shm on %s (%s), using tcp", s->name, s->unix_path,
+                     gdrkv_strerror(fd));
+    }
+    if (fd < 0 && !s->shm_only)
+        fd = gk_connect_tcp(&s->addr, deadline_ns);
     if (fd < 0) {
         *err = fd;
         return NULL;
@@ -35,19 +47,29 @@ struct client_conn *client_conn_open(const struct gk_addr *addr, uint64_t deadli
     struct client_conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
+        client_pool_put(pool);
         *err = GDRKV_E_INTERNAL;
         return NULL;
     }
     c->fd = fd;
-    c->next_req_id = 1;
+    c->pool = pool;
+    /* HELLO was request 1. */
+    c->next_req_id = pool ? 2 : 1;
     return c;
 }
 
 void client_conn_close(struct client_conn *c)
 {
     close(c->fd);
+    client_pool_put(c->pool);
+    client_copy_free(&c->copies);
     free(c->body_heap);
     free(c);
+}
+
+int client_conn_is_shm(const struct client_conn *c)
+{
+    return c->pool != NULL;
 }
 
 int client_conn_usable(const struct client_conn *c)
@@ -58,12 +80,12 @@ int client_conn_usable(const struct client_conn *c)
 }
 
 static void encode_request(const struct client_batch *b, const struct client_frame *f,
-                           uint64_t req_id)
+                           uint8_t opcode, uint64_t req_id)
 {
     struct gk_hdr h = {
         .magic = GK_MAGIC,
         .version = GK_VERSION,
-        .opcode = b->opcode,
+        .opcode = opcode,
         .count = f->count,
         .body_len = f->body_len,
         .payload_len = f->payload_len,
@@ -82,7 +104,8 @@ static void encode_request(const struct client_batch *b, const struct client_fra
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->req_id = c->next_req_id++;
-    encode_request(b, f, c->req_id);
+    c->wire_op = c->pool && b->opcode == GK_OP_GET ? GK_OP_LEASE : b->opcode;
+    encode_request(b, f, c->wire_op, c->req_id);
     c->batch = b;
     c->frame = f;
     c->phase = CLIENT_CONN_SEND;
@@ -150,7 +173,8 @@ static int send_request(struct client_conn *c)
 
 static uint32_t expected_count(const struct client_conn *c)
 {
-    return client_response_count(c->batch->opcode, c->frame->count);
+    return c->wire_op == GK_OP_RELEASE ? 0 : client_response_count(c->batch->opcode,
+                                                                    c->frame->count);
 }
 
 /* Checks the response header against the request, before the body is
@@ -164,7 +188,7 @@ static int take_header(struct client_conn *c)
     c->resp_decoded = 1;
     if (h->magic != GK_MAGIC || h->version != GK_VERSION)
         return broken(c, "not a gdrkv response");
-    if (h->opcode != (op | GK_OP_RESPONSE) || h->req_id != c->req_id)
+    if (h->opcode != (c->wire_op | GK_OP_RESPONSE) || h->req_id != c->req_id)
         return broken(c, "answer to another request");
     if (h->body_len > GK_MAX_BODY || c->got > GK_HDR_SIZE + (size_t)h->body_len)
         return broken(c, "body length out of bounds");
@@ -176,9 +200,11 @@ static int take_header(struct client_conn *c)
         uint32_t count = expected_count(c);
         if (h->count != count)
             return broken(c, "result count differs from the key count");
-        if (op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
+        /* A LEASE's chunk lists follow its results. */
+        if (c->wire_op == GK_OP_LEASE ? h->body_len < count * GK_RESULT_SIZE
+            : op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
-        if (op != GK_OP_GET && h->payload_len != 0)
+        if (c->wire_op != GK_OP_GET && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
     }
     /* STATS text and error messages may outgrow the frame buffer; the
@@ -194,6 +220,67 @@ static int take_header(struct client_conn *c)
     }
     return 0;
 }
+
+/* ------------------------------------------------------------ shm */
+
+/* Queues the RELEASE that ends the lease; its answer ends the frame. */
+static void start_release(struct client_conn *c)
+{
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RELEASE};
+
+    c->req_id = h.req_id = c->next_req_id++;
+    c->wire_op = GK_OP_RELEASE;
+    gk_hdr_encode(&h, c->release);
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
+    client_iov_init(&c->io, c->release, GK_HDR_SIZE, c->batch, 0, 0, NULL);
+}
+
+/* The LEASE answered: copies the objects out of the pool, then releases.
+ * A lease with nothing to copy needs no confirmation; the server drops it
+ * when the next frame comes. */
+static int copy_leased(struct client_conn *c, uint64_t bytes)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+
+    int rc = client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len, b,
+                             f->first, f->count, &c->copies);
+    if (rc == 0 && bytes > 0)
+        client_copy_run(b->copier, &c->copies);
+    client_copy_reset(&c->copies);
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc) {
+        c->why = "out of memory";
+        return rc;
+    }
+    if (bytes > 0) {
+        b->shm_bytes_copied += bytes;
+        start_release(c);
+    }
+    return 0;
+}
+
+/* RELEASE answered: status 0 vouches for the bytes copied under the lease;
+ * otherwise the lease was lost (the timeout dropped it) and the bytes may
+ * be another object's, so every key of the frame fails. */
+static int end_lease(struct client_conn *c)
+{
+    int32_t status = c->resp.status;
+    if (status) {
+        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
+                 c->frame->count);
+        client_frame_fail(c->batch, c->frame, status);
+        c->batch->shm_leases_expired++;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ results */
 
 /* Writes the keys' results. A GET's announced sizes are checked against
  * the destinations and the payload length before the values are read. */
@@ -226,6 +313,8 @@ static int take_results(struct client_conn *c)
         }
         b->results[b->index[p]] = result;
     }
+    if (c->wire_op == GK_OP_LEASE)
+        return copy_leased(c, payload);
     if (payload != c->resp.payload_len)
         return broken(c, "payload length differs from the object sizes");
     if (payload)
@@ -240,7 +329,9 @@ static int take_body(struct client_conn *c)
     const struct gk_hdr *h = &c->resp;
     int rc = 0;
 
-    if (h->status) {
+    if (c->wire_op == GK_OP_RELEASE) {
+        rc = end_lease(c);
+    } else if (h->status) {
         GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
                  gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
                  (const char *)c->body);
@@ -265,6 +356,8 @@ static int take_body(struct client_conn *c)
     c->body_heap = NULL;
     if (rc)
         return rc;
+    if (c->phase == CLIENT_CONN_SEND)
+        return 0;       /* a lease: its RELEASE goes next */
     /* Only a GET has a payload, and take_results has set up its stream. */
     if (h->status || h->payload_len == 0)
         return 1;
@@ -316,17 +409,25 @@ static int recv_payload(struct client_conn *c)
     return 1;
 }
 
-int client_conn_progress(struct client_conn *c)
+static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
-    case CLIENT_CONN_SEND:
-        return send_request(c);
-    case CLIENT_CONN_RECV_PAYLOAD:
-        return recv_payload(c);
-    case CLIENT_CONN_RECV_HEAD:
-        break;
+    case CLIENT_CONN_SEND: return send_request(c);
+    case CLIENT_CONN_RECV_HEAD: return recv_head(c);
+    case CLIENT_CONN_RECV_PAYLOAD: return recv_payload(c);
     }
-    int rc = recv_head(c);
-    /* The values usually arrive with the header: read them now. */
-    return rc == 0 && c->phase == CLIENT_CONN_RECV_PAYLOAD ? recv_payload(c) : rc;
+    return GDRKV_E_INTERNAL;
+}
+
+int client_conn_progress(struct client_conn *c)
+{
+    /* A phase that finishes goes straight on to the next: GET values
+     * usually arrive with the header, and a lease's RELEASE can go out at
+     * once. A request just sent waits for poll: its answer can't be there. */
+    for (;;) {
+        enum client_conn_phase before = c->phase;
+        int rc = run_phase(c);
+        if (rc != 0 || c->phase == before || c->phase == CLIENT_CONN_RECV_HEAD)
+            return rc;
+    }
 }

@@ -8,6 +8,11 @@
  *
  * A connection is owned by one thread at a time: the call that checked it
  * out of its server's idle pool.
+ *
+ * Over shm (a unix socket, with the server's pool mapped) a GET goes out as
+ * a LEASE: the answer says where the objects are in the pool, the values
+ * are copied from there into the caller's segments, and a RELEASE confirms
+ * the objects stayed pinned throughout, or fails the frame's keys.
  */
 #ifndef GDRKV_CLIENT_CONN_H
 #define GDRKV_CLIENT_CONN_H
@@ -16,6 +21,7 @@
 #include <stdint.h>
 
 #include "client_batch.h"
+#include "client_copy.h"
 #include "client_iov.h"
 #include "net.h"
 #include "protocol.h"
@@ -26,15 +32,22 @@ enum client_conn_phase {
     CLIENT_CONN_RECV_PAYLOAD    /* GET values */
 };
 
+struct client_server;
+struct client_pool;
+
 struct client_conn {
     int fd;
     uint64_t next_req_id;
+    struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
+    struct client_copy_list copies; /* shm: the current LEASE's copies */
 
     /* The frame in flight. */
     enum client_conn_phase phase;
     struct client_batch *batch;
     struct client_frame *frame;
     uint64_t req_id;
+    uint8_t wire_op;            /* what is on the wire: the batch's op, LEASE or RELEASE */
+    uint8_t release[GK_HDR_SIZE];   /* the RELEASE request */
     struct gk_hdr resp;
     int resp_decoded;
     size_t got;                 /* response header + body bytes received */
@@ -44,10 +57,12 @@ struct client_conn {
     struct client_iov io;
 };
 
-/* Connects within deadline_ns; NULL with *err = GDRKV_E_TIMEOUT,
- * GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
-struct client_conn *client_conn_open(const struct gk_addr *addr, uint64_t deadline_ns, int *err);
+/* Connects to s within deadline_ns, over shm where s has a unix socket
+ * that answers (else tcp, unless s is shm only); NULL with *err =
+ * GDRKV_E_TIMEOUT, GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err);
 void client_conn_close(struct client_conn *c);
+int client_conn_is_shm(const struct client_conn *c);
 
 /* Whether an idle connection can carry a frame: the server has neither
  * closed it (restart, idle timeout) nor sent anything unasked. */

@@ -69,8 +69,7 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
             client_conn_close(conn);
         if (!conn) {
             int err;
-            conn = client_conn_open(&s->addr, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns),
-                                    &err);
+            conn = client_conn_open(s, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
             if (!conn) {
                 client_count(&c->counters.connect_failures, 1);
                 /* Past connect_timeout_ms but within the call's deadline
@@ -82,6 +81,7 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
                 return;
             }
             client_count(&c->counters.connects, 1);
+            client_count(&c->counters.shm_connects, (uint64_t)client_conn_is_shm(conn));
         }
         call->jobs[j].conn = conn;
     }
@@ -189,4 +189,6 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     for_each_server(c, call, check_in);
     client_count(&c->counters.bytes_sent, call->batch.bytes_sent);
     client_count(&c->counters.bytes_received, call->batch.bytes_received);
+    client_count(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
+    client_count(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
 }

@@ -3,25 +3,76 @@
  */
 #include "client_server.h"
 
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "client_conn.h"
+#include "client_shm.h"
 #include "common.h"
 #include "log.h"
 #include "route.h"
 
+/* Whether host names this machine: "localhost", or a numeric address one
+ * of our interfaces has (binding to it succeeds only then). A server there
+ * may have its unix socket at the default path. Names are not resolved
+ * here: a slow DNS must not hold up opening a client. */
+static int is_this_host(const char *host)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_DGRAM}, *ai;
+    int local = 0;
+
+    if (!strcmp(host, "localhost"))
+        return 1;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return 0;
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        local = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return local;
+}
+
+/* Where shm is tried for s, by the transport asked for. */
+static int choose_transport(struct client_server *s, const char *unix_path, int transport)
+{
+    if (unix_path) {
+        if (transport == GDRKV_TRANSPORT_TCP)
+            return GDRKV_E_INVALID;
+        snprintf(s->unix_path, sizeof s->unix_path, "%s", unix_path);
+        s->shm_only = 1;
+        return 0;
+    }
+    if (transport == GDRKV_TRANSPORT_TCP)
+        return 0;
+    int local = is_this_host(s->addr.host) &&
+                gk_unix_default_path(s->addr.port, s->unix_path, sizeof s->unix_path) == 0;
+    s->shm_only = transport == GDRKV_TRANSPORT_SHM;
+    return local || !s->shm_only ? 0 : GDRKV_E_INVALID;
+}
+
 int client_server_init(struct client_server *s, const struct gk_addr *addr,
-                       const gdrkv_client_opts *opts)
+                       const char *unix_path, const gdrkv_client_opts *opts)
 {
     memset(s, 0, sizeof *s);
-    s->addr = *addr;
+    if (addr)
+        s->addr = *addr;
     /* One spelling per address, so the seed (and hence routing) and the
      * duplicate check don't depend on how the user wrote it. */
-    snprintf(s->name, sizeof s->name, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u",
-             addr->host, addr->port);
+    if (unix_path)
+        snprintf(s->name, sizeof s->name, "unix:%s", unix_path);
+    else
+        snprintf(s->name, sizeof s->name, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u",
+                 addr->host, addr->port);
     s->seed = route_server_seed(s->name);
+    int rc = choose_transport(s, unix_path, opts->transport);
+    if (rc)
+        return rc;
     /* Room for the connections of a couple of concurrent striped calls, so
      * threads sharing a client don't reconnect on every call. */
     s->idle_cap = 2 * opts->conns;
@@ -51,6 +102,7 @@ static void close_idle(struct client_server *s)
 void client_server_destroy(struct client_server *s)
 {
     close_idle(s);
+    client_pool_put(s->pool);
     free(s->idle);
     pthread_mutex_destroy(&s->lock);
 }

@@ -18,16 +18,20 @@
 #include "net.h"
 
 struct client_conn;
+struct client_pool;
 
-/* Room for "[", a gk_addr host, "]:", a port and the NUL. */
+/* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
+ * "unix:" and a socket path. */
 #define CLIENT_SERVER_NAME_MAX (sizeof(((struct gk_addr *)0)->host) + 9)
 
 enum client_server_health { CLIENT_SERVER_UP, CLIENT_SERVER_DOWN, CLIENT_SERVER_PROBE };
 
 struct client_server {
-    struct gk_addr addr;
-    char name[CLIENT_SERVER_NAME_MAX];  /* canonical "host:port" or "[v6]:port" */
+    struct gk_addr addr;            /* unused for a unix: server */
+    char name[CLIENT_SERVER_NAME_MAX];  /* canonical "host:port", "[v6]:port" or "unix:PATH" */
     uint64_t seed;
+    char unix_path[GK_UNIX_PATH_MAX];   /* where to try shm first; "" = tcp only */
+    int shm_only;                   /* no tcp fallback: a unix: server, or transport shm */
 
     pthread_mutex_t lock;           /* guards everything below */
     struct client_conn **idle;
@@ -37,11 +41,15 @@ struct client_server {
     uint64_t backoff_ms;            /* length of the current or last DOWN period */
     uint64_t backoff_min_ms, backoff_max_ms;
     uint64_t probe_ns;
+    struct client_pool *pool;       /* the mapping new connections share, or NULL */
 };
 
-/* Sets up server s for the address (name gets its canonical text). */
+/* Sets up server s for the address (name gets its canonical text), or
+ * for the unix socket at unix_path when that is not NULL. Returns 0,
+ * GDRKV_E_INVALID (transport shm to a server that is not local) or
+ * GDRKV_E_INTERNAL. */
 int client_server_init(struct client_server *s, const struct gk_addr *addr,
-                       const gdrkv_client_opts *opts);
+                       const char *unix_path, const gdrkv_client_opts *opts);
 void client_server_destroy(struct client_server *s);
 
 /* Whether a call may send to s now (see the state machine above). */

@@ -45,6 +45,11 @@ typedef struct gdrkv_server_opts {
     uint32_t stall_timeout_ms;  /* a connection that makes no progress for this
                                    long mid-frame is closed (and its pins dropped) */
     uint32_t max_connections;
+    const char *unix_path;      /* socket of the shm transport for local clients;
+                                   NULL = the default for the port (docs/transports.md),
+                                   "" = no shm */
+    uint32_t lease_timeout_ms;  /* an shm read lease not released by then is
+                                   dropped, and its reader told so */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);
@@ -54,6 +59,8 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out,
                        char *err, size_t errlen);
 /* The address actually bound, "host:port". */
 int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len);
+/* The unix socket local clients reach it on; "" when shm is off. */
+int gdrkv_server_unix_path(gdrkv_server *s, char *buf, size_t len);
 /* Counters as "name value\n" lines; returns the length written (truncated to
  * len-1 and NUL-terminated) or a negative error. */
 int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
@@ -64,14 +71,23 @@ void gdrkv_server_stop(gdrkv_server *s);
 
 typedef struct gdrkv_client gdrkv_client;
 
+/* How a client reaches its servers (docs/transports.md). */
+enum gdrkv_transport {
+    GDRKV_TRANSPORT_AUTO = 0,   /* shm where a server's unix socket answers, else tcp */
+    GDRKV_TRANSPORT_TCP = 1,
+    GDRKV_TRANSPORT_SHM = 2     /* shm or nothing: a server without it is unavailable */
+};
+
 typedef struct gdrkv_client_opts {
-    const char *servers;        /* "host:port[,host:port...]" */
+    const char *servers;        /* "host:port[,host:port...]"; an entry "unix:PATH"
+                                   is a local server reached on that socket */
     const char *ns;             /* namespace, at most 255 bytes; "" = default */
     uint32_t timeout_ms;        /* bound on every call, end to end */
     uint32_t connect_timeout_ms;/* bound on one connect attempt (<= timeout_ms) */
     uint32_t conns;             /* connections per server a batch stripes over */
     uint32_t backoff_min_ms;    /* first retry delay after a server failed */
     uint32_t backoff_max_ms;    /* cap of the exponential backoff */
+    int transport;              /* enum gdrkv_transport */
 } gdrkv_client_opts;
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts);

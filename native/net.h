@@ -29,6 +29,27 @@ int gk_sock_name(int fd, char *buf, size_t len);
  * GDRKV_E_TIMEOUT / GDRKV_E_UNAVAILABLE. */
 int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns);
 
+/* ---- unix-domain sockets of the shm transport (net_unix.c) */
+
+/* Longest path a sockaddr_un holds, NUL included. */
+#define GK_UNIX_PATH_MAX 108
+
+/* Where a server on `port` listens for local clients when not told:
+ * $GDRKV_RUNTIME_DIR/<port>.sock, else /tmp/gdrkv-<uid>/<port>.sock. The
+ * server and its clients compute it alike, so a client of 127.0.0.1:port
+ * finds the socket without asking. Returns 0 or GDRKV_E_INVALID (too long). */
+int gk_unix_default_path(uint16_t port, char *buf, size_t len);
+/* Non-blocking listening socket at path, owner-only: the parent directory
+ * is created 0700 when missing and must be ours and not writable by others;
+ * the socket is 0600. A stale socket left by a dead server is replaced, a
+ * live one is not. Returns fd or a negative gdrkv error (message in err). */
+int gk_listen_unix(const char *path, int backlog, char *err, size_t errlen);
+/* Connects to the socket at path: a non-blocking, close-on-exec fd, or
+ * GDRKV_E_UNAVAILABLE (no server there, or not ours to reach). */
+int gk_connect_unix(const char *path);
+/* Whether the peer of a unix socket runs as our user (or as root). */
+int gk_peer_is_us(int fd);
+
 int gk_set_nonblocking(int fd);
 void gk_set_nodelay(int fd);
 

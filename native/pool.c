@@ -9,6 +9,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/memfd.h>   /* before sys/mman.h: MFD_HUGE_2MB */
 #include <pthread.h>
 #include <stdio.h>
@@ -27,7 +28,7 @@
 
 static int map_memfd(struct pool *p, uint64_t size, int huge)
 {
-    unsigned flags = MFD_CLOEXEC | (huge ? MFD_HUGETLB | MFD_HUGE_2MB : 0);
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB | MFD_HUGE_2MB : 0);
     uint64_t len = huge ? (size + POOL_HUGE_PAGE - 1) / POOL_HUGE_PAGE * POOL_HUGE_PAGE : size;
     int fd = memfd_create("gdrkv-pool", flags);
     if (fd < 0)
@@ -98,11 +99,27 @@ static void pretouch(struct pool *p)
     }
 }
 
+/* Seals the memfd (see pool.h) and opens the read-only fd clients get. */
+static void make_shareable(struct pool *p)
+{
+    char path[64];
+
+    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0) {
+        GK_WARN("pool: cannot seal the memfd (%s); the shm transport is off", strerror(errno));
+        return;
+    }
+    snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
+    p->share_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->share_fd < 0)
+        GK_WARN("pool: cannot reopen the memfd read-only (%s); the shm transport is off",
+                strerror(errno));
+}
+
 int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
               char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
-    p->fd = -1;
+    p->fd = p->share_fd = -1;
 
     int rc = -1;
     if (hugepages != 0) {
@@ -134,6 +151,7 @@ int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
         pretouch(p);
         GK_INFO("pool: pretouched in %llu ms", (unsigned long long)((gk_now_ns() - start) / 1000000));
     }
+    make_shareable(p);
     return 0;
 }
 
@@ -141,8 +159,10 @@ void pool_close(struct pool *p)
 {
     if (p->base)
         munmap(p->base, p->map_len);
+    if (p->share_fd >= 0)
+        close(p->share_fd);
     if (p->fd >= 0)
         close(p->fd);
     p->base = NULL;
-    p->fd = -1;
+    p->fd = p->share_fd = -1;
 }

@@ -14,10 +14,18 @@ struct pool {
     uint64_t size;          /* bytes asked for */
     uint64_t map_len;       /* size rounded up to the page size backing it */
     int fd;                 /* the memfd; -1 when not open */
+    int share_fd;           /* read-only fd of the sealed memfd for local
+                               clients; -1 when the pool can't be shared */
     int hugepages;          /* 1 when backed by 2 MiB hugetlb pages */
 };
 
-/* hugepages: -1 try 2 MiB hugetlb pages and fall back to normal ones,
+/* Once mapped, the memfd is sealed against shrinking, growing and any new
+ * writable mapping or write(): the pool's own mapping stays writable, but a
+ * client holding the fd (or reopening it through /proc) can neither corrupt
+ * objects nor truncate the file under the server (SIGBUS). A kernel that
+ * refuses the seals leaves share_fd at -1, and shm stays off.
+ *
+ * hugepages: -1 try 2 MiB hugetlb pages and fall back to normal ones,
  * 0 never, 1 require. pretouch faults every page in now rather than on
  * first write. Returns 0, or -1 with a message in err. */
 int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch,

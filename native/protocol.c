@@ -39,7 +39,12 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h)
 int gk_op_is_keyed(uint8_t opcode)
 {
     return opcode == GK_OP_EXISTS || opcode == GK_OP_GET || opcode == GK_OP_PUT ||
-           opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR;
+           opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR || opcode == GK_OP_LEASE;
+}
+
+int gk_op_is_shm(uint8_t opcode)
+{
+    return opcode == GK_OP_HELLO || opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE;
 }
 
 const char *gk_op_name(uint8_t opcode)
@@ -52,6 +57,9 @@ const char *gk_op_name(uint8_t opcode)
     case GK_OP_DELETE: return "delete";
     case GK_OP_STATS: return "stats";
     case GK_OP_CLEAR: return "clear";
+    case GK_OP_HELLO: return "hello";
+    case GK_OP_LEASE: return "lease";
+    case GK_OP_RELEASE: return "release";
     default: return "unknown";
     }
 }

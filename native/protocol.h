@@ -25,6 +25,19 @@
  *   response payload: GET only, the values of the entries with status 0,
  *            concatenated in entry order.
  *
+ *   shm transport (unix-domain connections only; docs/transports.md):
+ *   HELLO:   empty request; one result, size = pool bytes, and the pool's
+ *            memfd (read-only, sealed) attached to the response with
+ *            SCM_RIGHTS.
+ *   LEASE:   a GET that answers with pool offsets instead of bytes: the
+ *            results, then for each result with status 0, in entry order,
+ *            u32 nchunks | u32 reserved | nchunks x (u64 off | u64 len).
+ *            The objects stay pinned (the lease) until RELEASE, the next
+ *            frame, the lease timeout, or the connection's end.
+ *   RELEASE: empty request; frame status 0 when the lease was still held,
+ *            so the bytes copied under it were the objects', or TIMEOUT
+ *            when it had expired.
+ *
  * Limits below are checked before anything is allocated for a frame.
  */
 #ifndef GDRKV_PROTOCOL_H
@@ -37,6 +50,8 @@
 #define GK_HDR_SIZE 40
 #define GK_ENTRY_HDR_SIZE 12   /* u32 key_len + u64 size */
 #define GK_RESULT_SIZE 16
+#define GK_LEASE_OBJ_SIZE 8     /* u32 nchunks + u32 reserved */
+#define GK_LEASE_CHUNK_SIZE 16  /* u64 off + u64 len */
 
 #define GK_MAX_KEY_LEN 4096
 #define GK_MAX_NS_LEN 255
@@ -54,7 +69,10 @@ enum gk_opcode {
     GK_OP_DELETE = 5,
     GK_OP_STATS = 6,
     GK_OP_CLEAR = 7,
-    GK_OP_MAX = 7,
+    GK_OP_HELLO = 8,
+    GK_OP_LEASE = 9,
+    GK_OP_RELEASE = 10,
+    GK_OP_MAX = 10,
     GK_OP_RESPONSE = 0x80
 };
 
@@ -92,6 +110,8 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h);
 
 /* Whether opcode takes a namespace + entries body. */
 int gk_op_is_keyed(uint8_t opcode);
+/* Whether opcode belongs to the shm transport (unix connections only). */
+int gk_op_is_shm(uint8_t opcode);
 const char *gk_op_name(uint8_t opcode);
 
 /* Checks a request header against the limits: magic, version, body_len,

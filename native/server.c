@@ -1,6 +1,7 @@
 /*
  * server.c - the in-process server's lifecycle (gdrkv.h): options, the
- * store, the listening socket, worker threads plus one housekeeping thread
+ * store, the listening sockets (tcp, and unix for the shm transport),
+ * worker threads plus one housekeeping thread
  * that runs the store's background eviction, and an orderly stop.
  *
  * Stopping is one eventfd that every thread polls: written once, never
@@ -34,6 +35,8 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         .low_watermark = 0.90,
         .stall_timeout_ms = 30000,
         .max_connections = 4096,
+        .unix_path = NULL,
+        .lease_timeout_ms = 5000,
     };
 }
 
@@ -56,6 +59,10 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "stall_timeout_ms must be > 0";
     else if (o->max_connections == 0)
         bad = "max_connections must be > 0";
+    else if (o->lease_timeout_ms == 0)
+        bad = "lease_timeout_ms must be > 0";
+    else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
+        bad = "unix_path is too long for a unix socket";
     if (bad)
         snprintf(err, errlen, "%s", bad);
     return bad ? GDRKV_E_INVALID : 0;
@@ -100,6 +107,41 @@ static int start_threads(struct gdrkv_server *s)
     return rc;
 }
 
+/* The shm listener. Asked for by path, it must work; the default is best
+ * effort, since tcp serves every client anyway. */
+static int listen_unix(struct gdrkv_server *s, const char *asked, char *err, size_t errlen)
+{
+    char why[300];
+    uint16_t port = (uint16_t)strtoul(strrchr(s->address, ':') + 1, NULL, 10);
+
+    if (asked && !*asked)
+        return 0;
+    if (store_pool_fd(s->store) < 0) {
+        if (!asked)
+            return 0;
+        snprintf(err, errlen, "the pool can't be shared (see the log), so no shm on %s", asked);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    if (!asked && gk_unix_default_path(port, s->unix_path, sizeof s->unix_path) != 0) {
+        GK_WARN("no shm transport: the default unix socket path is too long");
+        return 0;
+    }
+    if (asked)
+        snprintf(s->unix_path, sizeof s->unix_path, "%s", asked);
+    int fd = gk_listen_unix(s->unix_path, SOMAXCONN, why, sizeof why);
+    if (fd < 0) {
+        s->unix_path[0] = '\0';
+        if (asked) {
+            snprintf(err, errlen, "%s", why);
+            return fd;
+        }
+        GK_WARN("no shm transport: %s", why);
+        return 0;
+    }
+    s->unix_fd = fd;
+    return 0;
+}
+
 /* Tears down whatever part of the server exists; also the error path of start. */
 static void server_free(struct gdrkv_server *s)
 {
@@ -113,6 +155,10 @@ static void server_free(struct gdrkv_server *s)
         server_worker_destroy(&s->workers[i]);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        unlink(s->unix_path);
+    }
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     if (s->store)
@@ -141,8 +187,9 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         snprintf(err, errlen, "out of memory");
         return GDRKV_E_INTERNAL;
     }
-    s->listen_fd = s->wake_fd = -1;
+    s->listen_fd = s->unix_fd = s->wake_fd = -1;
     s->stall_timeout_ms = opts->stall_timeout_ms;
+    s->lease_timeout_ms = opts->lease_timeout_ms;
     s->max_connections = opts->max_connections;
     s->started_ns = gk_now_ns();
 
@@ -164,6 +211,9 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         goto fail;
     }
     gk_sock_name(s->listen_fd, s->address, sizeof s->address);
+    rc = listen_unix(s, opts->unix_path, err, errlen);
+    if (rc)
+        goto fail;
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (s->wake_fd < 0) {
         rc = GDRKV_E_INTERNAL;
@@ -185,7 +235,8 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
 
     struct store_stats st;
     store_get_stats(s->store, &st);
-    GK_INFO("server listening on %s: pool %llu MiB, hugepages %s, %d workers", s->address,
+    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers", s->address,
+            s->unix_fd >= 0 ? " and " : "", s->unix_path,
             (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers);
     *out = s;
     return 0;
@@ -200,6 +251,14 @@ int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len)
     if (!s || !buf)
         return GDRKV_E_INVALID;
     int n = snprintf(buf, len, "%s", s->address);
+    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+}
+
+int gdrkv_server_unix_path(gdrkv_server *s, char *buf, size_t len)
+{
+    if (!s || !buf)
+        return GDRKV_E_INVALID;
+    int n = snprintf(buf, len, "%s", s->unix_path);
     return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
 }
 

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "gdrkv.h"
+#include "net.h"
 #include "protocol.h"
 #include "stats.h"
 
@@ -35,6 +36,11 @@ struct server_counters {
     uint64_t bytes_in;              /* PUT payload bytes received */
     uint64_t bytes_out;             /* GET payload bytes sent */
     uint64_t frames_bad;            /* malformed or rejected frames */
+    uint64_t shm_connections_total; /* of connections_total, over the unix socket */
+    uint64_t shm_connections_refused; /* unix peers of another uid */
+    uint64_t shm_leases;            /* LEASE frames answered with offsets */
+    uint64_t shm_lease_bytes;       /* object bytes handed out under leases */
+    uint64_t shm_leases_expired;    /* leases dropped by the timeout, not released */
     uint64_t ops[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
@@ -43,7 +49,7 @@ struct server_counters {
 struct server_worker {
     struct gdrkv_server *server;
     int epoll_fd;
-    int accepting;                  /* listener in this epoll; off for a tick after EMFILE */
+    int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
     pthread_t thread;
     struct server_conn *conns;      /* every connection this worker owns */
     uint8_t *scratch;               /* sink for payload bytes nobody keeps */
@@ -53,6 +59,9 @@ struct server_worker {
 struct gdrkv_server {
     struct store *store;
     int listen_fd;
+    int unix_fd;                    /* shm listener, or -1 */
+    char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
+    uint32_t lease_timeout_ms;
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
     uint32_t stall_timeout_ms;

@@ -36,13 +36,15 @@ enum step {
     STEP_MORE = 1       /* progress made; run the next step */
 };
 
-int server_conn_open(struct server_worker *w, int fd)
+int server_conn_open(struct server_worker *w, int fd, int local)
 {
     struct server_conn *c = calloc(1, sizeof *c);
     if (!c)
         return -1;
     c->fd = fd;
     c->worker = w;
+    c->local = local;
+    c->pass_fd = -1;
     c->events = EPOLLIN;
     c->last_progress_ns = gk_now_ns();
     struct epoll_event ev = {.events = c->events, .data.ptr = c};
@@ -75,6 +77,16 @@ void server_conn_close(struct server_conn *c)
     free(c->out);
     free(c->batch.entries);
     free(c);
+}
+
+void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns)
+{
+    if (c->holds != CONN_HOLDS_LEASE || now_ns < c->lease_deadline_ns)
+        return;
+    GK_DEBUG("fd %d: lease of %u keys expired", c->fd, c->lease_count);
+    server_ops_release(c);
+    c->lease_expired = 1;
+    server_count(&c->worker->counters.shm_leases_expired, 1);
 }
 
 int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
@@ -189,6 +201,12 @@ static enum step on_header(struct server_conn *c)
 
     gk_hdr_decode(c->hdr_raw, h);
     c->frame_start_ns = gk_now_ns();
+    /* A client that moves on without RELEASE is done with its lease (if it
+     * holds one); this also frees the batch arrays for the new frame. */
+    if (h->opcode != GK_OP_RELEASE) {
+        server_ops_release(c);
+        c->lease_expired = 0;
+    }
     int rc = gk_check_request_hdr(h);
     if (rc == GDRKV_E_PROTOCOL && h->magic != GK_MAGIC) {
         /* Not our protocol at all: nothing we send would be understood. */
@@ -196,7 +214,8 @@ static enum step on_header(struct server_conn *c)
         GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
         return STEP_CLOSE;
     }
-    if (rc == GDRKV_E_UNSUPPORTED) {
+    /* shm ops make no sense over tcp: the peer can't map our memory. */
+    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && gk_op_is_shm(h->opcode) && !c->local)) {
         /* Lengths were checked before the opcode, so skipping is bounded. */
         c->skip_left = h->body_len + h->payload_len;
         c->state = CONN_SKIP;
@@ -232,12 +251,13 @@ static enum step on_body(struct server_conn *c)
     return execute(c);
 }
 
-/* The response is fully written: let go of the frame. */
+/* The response is fully written: let go of the frame (a LEASE keeps its
+ * pins, see server_ops_frame_done). */
 static enum step on_written(struct server_conn *c)
 {
     struct server_worker *w = c->worker;
 
-    server_ops_release(c);
+    server_ops_frame_done(c);
     if (c->frame_executed)
         server_count_op(&w->counters, c->req.opcode, c->req.count,
                         (gk_now_ns() - c->frame_start_ns) / 1000);
@@ -330,6 +350,18 @@ static enum step read_payload(struct server_conn *c)
     return STEP_MORE;
 }
 
+/* SCM_RIGHTS: the peer receives its own descriptor of the same file. */
+static void attach_fd(struct msghdr *msg, char *buf, size_t len, int fd)
+{
+    msg->msg_control = buf;
+    msg->msg_controllen = len;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+}
+
 static enum step write_response(struct server_conn *c)
 {
     struct iovec iov[IOV_MAX];
@@ -341,9 +373,16 @@ static enum step write_response(struct server_conn *c)
     cnt += server_payload_iov(&c->payload, NULL, 0, iov + cnt, IOV_MAX - cnt);
     if (cnt > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        if (c->pass_fd >= 0)
+            attach_fd(&msg, control.buf, sizeof control.buf, c->pass_fd);
         ssize_t n = moved(c, sendmsg(c->fd, &msg, MSG_NOSIGNAL));
         if (n <= 0)
             return step_of(n);
+        c->pass_fd = -1;    /* it went with the first byte */
         size_t head = GK_MIN((size_t)n, head_left);
         c->out_sent += head;
         server_payload_advance(&c->payload, (uint64_t)n - head);

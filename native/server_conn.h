@@ -5,6 +5,11 @@
  * writes the response (for GET the values straight from pinned chunks).
  * A connection belongs to the worker that accepted it and is only ever
  * touched by that worker's thread.
+ *
+ * A local connection (unix socket) may also use the shm transport: HELLO
+ * passes it the pool's fd, and a LEASE's pins outlive the frame as the
+ * connection's lease, until RELEASE, the next frame, the lease timeout or
+ * the connection's end.
  */
 #ifndef GDRKV_SERVER_CONN_H
 #define GDRKV_SERVER_CONN_H
@@ -28,8 +33,9 @@ enum server_conn_state {
  * ends or the connection dies, whichever comes first. */
 enum server_conn_hold {
     CONN_HOLDS_NOTHING,
-    CONN_HOLDS_PINS,        /* GET objects being sent */
-    CONN_HOLDS_RESERVATIONS /* PUT objects being received */
+    CONN_HOLDS_PINS,        /* GET objects being sent, or LEASE objects being described */
+    CONN_HOLDS_RESERVATIONS,/* PUT objects being received */
+    CONN_HOLDS_LEASE        /* LEASE objects the client copies from the pool */
 };
 
 /* The per-key arrays of the frame in progress; they keep the largest size
@@ -49,6 +55,7 @@ struct server_conn {
     enum server_conn_state state;
     enum server_conn_hold holds;
     uint32_t events;                /* epoll interest registered now */
+    int local;                      /* on the unix socket: shm allowed */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     uint64_t last_progress_ns;      /* last time a byte moved: stall detection */
@@ -69,15 +76,22 @@ struct server_conn {
 
     uint8_t *out;                   /* response header + body */
     size_t out_cap, out_len, out_sent;
+    int pass_fd;                    /* sent with the response's first byte, or -1 */
+
+    uint32_t lease_count;           /* keys of the lease (batch.objs) */
+    uint64_t lease_deadline_ns;
+    int lease_expired;              /* dropped by the timeout; RELEASE says so */
 };
 
 /* Takes over an accepted socket. Returns 0, or -1 with fd left to the caller. */
-int server_conn_open(struct server_worker *w, int fd);
+int server_conn_open(struct server_worker *w, int fd, int local);
 /* Runs the state machine as far as the socket allows (bounded, so one busy
  * client can't starve the others); may close and free c. */
 void server_conn_on_event(struct server_conn *c);
 /* Mid-frame and no byte moved for the server's stall timeout. */
 int server_conn_stalled(const struct server_conn *c, uint64_t now_ns);
+/* Drops a lease held past its deadline. */
+void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns);
 /* Releases what the frame holds in the store, closes and frees c. */
 void server_conn_close(struct server_conn *c);
 

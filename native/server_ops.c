@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "common.h"
 #include "server_conn.h"
 #include "store.h"
 
@@ -74,6 +75,99 @@ static int op_get(struct server_conn *c)
     return respond_results(c, n, b->status, b->sizes, payload_len);
 }
 
+/* ------------------------------------------------------------ shm */
+
+/* Tells a local client which memfd holds the pool (its size as the one
+ * result); the fd goes with the response. */
+static int op_hello(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    int32_t status = 0;
+    uint64_t size = store_capacity(s);
+
+    c->pass_fd = store_pool_fd(s);
+    return respond_results(c, 1, &status, &size, 0);
+}
+
+/* Bytes the chunk list of a leased object takes in the response. */
+static uint64_t lease_entry_len(const struct store_obj *o)
+{
+    uint32_t nchunks;
+    store_obj_chunks(o, &nchunks);
+    return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
+}
+
+/* A GET answered with where the objects are instead of their bytes: the
+ * client copies them out of its mapping of the pool while they stay pinned
+ * (server_ops_frame_done turns the pins into the connection's lease). */
+static int op_lease(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE, bytes = 0;
+
+    store_pin_batch(s, &c->ns, b->entries, n, 1, b->objs, b->status, b->sizes);
+    c->holds = CONN_HOLDS_PINS;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!b->objs[i])
+            continue;
+        if (b->sizes[i] > b->entries[i].size) {
+            store_unpin_batch(s, &b->objs[i], 1);
+            b->objs[i] = NULL;
+            b->status[i] = GDRKV_E_TOO_SMALL;
+        } else {
+            body_len += lease_entry_len(b->objs[i]);
+            bytes += b->sizes[i];
+        }
+    }
+    /* Capacities are only bounded per key, so many huge objects could
+     * need more chunk entries than a body may hold. */
+    if (body_len > GK_MAX_BODY) {
+        server_ops_release(c);
+        static const char msg[] = "the objects' chunk lists exceed the body limit";
+        uint8_t *body = server_conn_response(c, GDRKV_E_TOO_LARGE, 0, sizeof msg - 1, 0);
+        if (!body)
+            return GDRKV_E_INTERNAL;
+        memcpy(body, msg, sizeof msg - 1);
+        return 0;
+    }
+    uint8_t *p = server_conn_response(c, 0, n, (uint32_t)body_len, 0);
+    if (!p)
+        return GDRKV_E_INTERNAL;
+    for (uint32_t i = 0; i < n; i++, p += GK_RESULT_SIZE)
+        gk_result_encode(p, b->status[i], b->sizes[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t nchunks;
+        if (!b->objs[i])
+            continue;
+        const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
+        gk_store32(p, nchunks);
+        gk_store32(p + 4, 0);
+        p += GK_LEASE_OBJ_SIZE;
+        for (uint32_t k = 0; k < nchunks; k++, p += GK_LEASE_CHUNK_SIZE) {
+            gk_store64(p, ch[k].off);
+            gk_store64(p + 8, ch[k].len);
+        }
+    }
+    server_count(&c->worker->counters.shm_leases, 1);
+    server_count(&c->worker->counters.shm_lease_bytes, bytes);
+    return 0;
+}
+
+/* Ends the lease. Status 0 promises the objects stayed pinned from the
+ * LEASE answer until now, so what the client copied was theirs. */
+static int op_release(struct server_conn *c)
+{
+    int32_t status = c->holds == CONN_HOLDS_LEASE ? 0
+                     : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+    server_ops_release(c);
+    c->lease_expired = 0;
+    return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+}
+
+/* ------------------------------------------------------------ put */
+
 /* Reserves room for the values; the connection then reads the payload
  * straight into it (server_ops_finish_put answers once it is all there). */
 static int op_put(struct server_conn *c)
@@ -126,8 +220,23 @@ int server_ops_execute(struct server_conn *c)
     case GK_OP_PUT: return op_put(c);
     case GK_OP_DELETE: return op_delete(c);
     case GK_OP_CLEAR: return op_clear(c);
+    case GK_OP_HELLO: return op_hello(c);
+    case GK_OP_LEASE: return op_lease(c);
+    case GK_OP_RELEASE: return op_release(c);
     }
     return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
+}
+
+void server_ops_frame_done(struct server_conn *c)
+{
+    if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
+        c->holds = CONN_HOLDS_LEASE;
+        c->lease_count = c->req.count;
+        c->lease_deadline_ns = gk_now_ns() +
+                               (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull;
+        return;
+    }
+    server_ops_release(c);
 }
 
 void server_ops_release(struct server_conn *c)
@@ -136,6 +245,8 @@ void server_ops_release(struct server_conn *c)
 
     if (c->holds == CONN_HOLDS_PINS)
         store_unpin_batch(store_of(c), b->objs, c->req.count);
+    else if (c->holds == CONN_HOLDS_LEASE)
+        store_unpin_batch(store_of(c), b->objs, c->lease_count);
     else if (c->holds == CONN_HOLDS_RESERVATIONS)
         store_abort_batch(store_of(c), b->objs, c->req.count);
     c->holds = CONN_HOLDS_NOTHING;

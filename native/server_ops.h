@@ -13,7 +13,10 @@ struct server_conn;
 int server_ops_execute(struct server_conn *c);
 /* PUT: the whole payload arrived; publish the objects and respond. */
 int server_ops_finish_put(struct server_conn *c);
-/* Drops the pins or reservations the frame of c holds. */
+/* The response is written: a LEASE's pins become the connection's lease
+ * (its clock starts now); whatever else the frame holds is dropped. */
+void server_ops_frame_done(struct server_conn *c);
+/* Drops the pins, reservations or lease c holds. */
 void server_ops_release(struct server_conn *c);
 
 #endif

@@ -27,6 +27,11 @@ static void sum_counters(struct server_counters *sum, const struct server_counte
     sum->bytes_in += load(&c->bytes_in);
     sum->bytes_out += load(&c->bytes_out);
     sum->frames_bad += load(&c->frames_bad);
+    sum->shm_connections_total += load(&c->shm_connections_total);
+    sum->shm_connections_refused += load(&c->shm_connections_refused);
+    sum->shm_leases += load(&c->shm_leases);
+    sum->shm_lease_bytes += load(&c->shm_lease_bytes);
+    sum->shm_leases_expired += load(&c->shm_leases_expired);
     for (int op = 1; op <= GK_OP_MAX; op++) {
         sum->ops[op] += load(&c->ops[op]);
         sum->keys[op] += load(&c->keys[op]);
@@ -72,6 +77,12 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     COUNTER_LINE(bytes_in);
     COUNTER_LINE(bytes_out);
     COUNTER_LINE(frames_bad);
+    gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
+    COUNTER_LINE(shm_connections_total);
+    COUNTER_LINE(shm_connections_refused);
+    COUNTER_LINE(shm_leases);
+    COUNTER_LINE(shm_lease_bytes);
+    COUNTER_LINE(shm_leases_expired);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         snprintf(name, sizeof name, "ops_%s", gk_op_name(op));
         gk_text_u64(t, name, sum.ops[op]);

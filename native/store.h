@@ -58,7 +58,9 @@ void store_close(struct store *s);
 
 uint8_t *store_base(struct store *s);
 uint64_t store_capacity(struct store *s);
-int store_pool_fd(struct store *s);     /* the memfd, for sharing with local clients */
+/* The pool's memfd, read-only and sealed (pool.h), for local clients to map;
+ * -1 when the pool can't be shared. */
+int store_pool_fd(struct store *s);
 
 /*
  * Read path. For each entry: if a committed object exists, pin it (it will

@@ -34,6 +34,7 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 TEST_TIMEOUT_S = 400.0          # above the slowest test (the native suite's 300 s)
 LISTEN_LINE = re.compile(rb"^gdrkv listening on (\S+)", re.M)
+SHM_LINE = re.compile(rb"^gdrkv listening on .*shm on (\S+)\)$", re.M)
 PR_SET_PDEATHSIG = 1
 
 
@@ -149,6 +150,12 @@ class ServerProcess:
         return f"gdrkv://{self.address}"
 
     @property
+    def unix_path(self):
+        """The shm socket it announced, or None."""
+        match = SHM_LINE.search(self.stdout())
+        return match.group(1).decode() if match else None
+
+    @property
     def port(self):
         return int(self.address.rsplit(":", 1)[1])
 
@@ -238,6 +245,20 @@ class ServerProcess:
         return None
 
 
+def remove_stale_socket(path):
+    """A killed server leaves its socket file behind; a live one (its port
+    may have gone to another server since) is left alone."""
+    if not path:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)
+        except OSError:
+            pass                        # already gone
+
+
 class ServerSet:
     def __init__(self, workdir):
         self.workdir = workdir
@@ -250,6 +271,8 @@ class ServerSet:
 
     def stop_all(self):
         problems = [p for p in (s.shutdown_problem() for s in self.servers) if p]
+        for server in self.servers:
+            remove_stale_socket(server.unix_path)
         assert not problems, "\n\n".join(problems)
 
 

@@ -1,5 +1,6 @@
 """Many threads sharing one Client, and many processes sharing one server,
-on overlapping keys: every read is a miss or the exact bytes.
+on overlapping keys, over tcp and over shm: every read is a miss or the
+exact bytes.
 
 Run as a script (`test_concurrency.py URL NAMESPACE SEED`) it is one of the
 worker processes of test_processes_share_a_server."""
@@ -7,6 +8,8 @@ import random
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from conftest import batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
 
@@ -52,8 +55,12 @@ def connections_settle(server):
              "the server to notice the clients closed their connections")
 
 
-def test_threads_share_a_client(server, make_client):
-    client = make_client(server.url, namespace=unique("threads"))
+TRANSPORTS = pytest.mark.parametrize("transport", ["tcp", "shm"])
+
+
+@TRANSPORTS
+def test_threads_share_a_client(server, make_client, transport):
+    client = make_client(server.url, namespace=unique("threads"), transport=transport)
     put, failures = set(), []
 
     def worker(seed):
@@ -75,9 +82,11 @@ def test_threads_share_a_client(server, make_client):
     connections_settle(server)
 
 
-def test_processes_share_a_server(server, make_client):
+@TRANSPORTS
+def test_processes_share_a_server(server, make_client, transport):
     ns = unique("procs")
-    procs = [subprocess.Popen([sys.executable, __file__, server.url, ns, str(seed)],
+    url = f"{server.url}?transport={transport}"
+    procs = [subprocess.Popen([sys.executable, __file__, url, ns, str(seed)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for seed in range(4)]
     outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]

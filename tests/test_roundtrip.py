@@ -1,5 +1,5 @@
 """Objects come back byte-exact, whatever their size, key or segmentation,
-and per-key errors stay per key."""
+and per-key errors stay per key: over both transports of a local server."""
 import gc
 import mmap
 import weakref
@@ -19,6 +19,12 @@ SERVER_MEMORY = "256MiB"
 BATCH_BYTES = 24 << 20          # well under the pool: nothing may be evicted
 GUARD = 16                      # bytes between segments that no transfer may touch
 GUARD_BYTE = 0xEE
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def client(server, make_client, request):
+    """Every test of this module runs over tcp and over shm."""
+    return make_client(server.url, namespace=unique("ns"), transport=request.param)
 
 
 def split(size, max_segments=8):

@@ -29,7 +29,12 @@ OP_PUT = 4
 OP_DELETE = 5
 OP_STATS = 6
 OP_CLEAR = 7
+OP_HELLO = 8        # shm transport: unix connections only
+OP_LEASE = 9
+OP_RELEASE = 10
 OP_RESPONSE = 0x80
+LEASE_OBJ_SIZE = 8
+LEASE_CHUNK_SIZE = 16
 
 _HDR = struct.Struct("<IBBHiIIIQQ")
 _ENTRY = struct.Struct("<IQ")
@@ -87,7 +92,7 @@ def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
     """A well-formed request frame. entries: (key bytes, size) pairs; keyed
     opcodes always get a body (CLEAR's has no entries)."""
     entries = list(entries)
-    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR)
+    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE)
     body = encode_body(entries, ns) if keyed else b""
     hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
                  payload_len=len(payload), req_id=req_id)
@@ -205,6 +210,41 @@ def connect(address, timeout=5.0, rcvbuf=None):
     sock.settimeout(timeout)
     sock.connect((host, int(port)))
     return Conn(sock, timeout)
+
+
+def connect_unix(path, timeout=5.0):
+    """A Conn to a server's unix socket (the shm transport)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(path)
+    return Conn(sock, timeout)
+
+
+def hello(conn):
+    """HELLO on a unix Conn: (header, results, the pool's fd or None)."""
+    conn.send(Header(opcode=OP_HELLO).pack())
+    data, fds, _, _ = socket.recv_fds(conn.sock, HDR_SIZE, 1)
+    data += conn.recv_exact(HDR_SIZE - len(data)) if len(data) < HDR_SIZE else b""
+    hdr = Header.unpack(data)
+    body = conn.recv_exact(hdr.body_len)
+    return hdr, (body if hdr.status else decode_results(body)), (fds[0] if fds else None)
+
+
+def decode_lease(body, count):
+    """A LEASE answer's body: [(status, size, [(off, len), ...])]."""
+    results = decode_results(body[:count * RESULT_SIZE])
+    pos, out = count * RESULT_SIZE, []
+    for status, size in results:
+        chunks = []
+        if status == 0:
+            (nchunks,) = struct.unpack_from("<I", body, pos)
+            pos += LEASE_OBJ_SIZE
+            for _ in range(nchunks):
+                chunks.append(struct.unpack_from("<QQ", body, pos))
+                pos += LEASE_CHUNK_SIZE
+        out.append((status, size, chunks))
+    assert pos == len(body), "trailing bytes after the chunk lists"
+    return out
 
 
 def parse_stats(text):

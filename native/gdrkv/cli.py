@@ -35,6 +35,12 @@ def main(argv=None):
     serve.add_argument("--stall-timeout-ms", type=int, default=30000,
                        help="close connections stalled mid-frame this long (default 30000)")
     serve.add_argument("--max-connections", type=int, default=4096)
+    serve.add_argument("--unix-path", metavar="PATH",
+                       help="unix socket for local clients (the shm transport); default "
+                            "/tmp/gdrkv-<uid>/<port>.sock, or $GDRKV_RUNTIME_DIR/<port>.sock; "
+                            "'' turns shm off")
+    serve.add_argument("--lease-timeout-ms", type=int, default=5000,
+                       help="longest an shm reader may hold objects it copies (default 5000)")
     serve.set_defaults(run=_serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
@@ -65,8 +71,11 @@ def _serve(args):
     with Server(listen=args.listen, memory=args.memory, workers=args.workers,
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
-                max_connections=args.max_connections) as server:
-        print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)})", flush=True)
+                max_connections=args.max_connections, unix_path=args.unix_path,
+                lease_timeout_ms=args.lease_timeout_ms) as server:
+        shm = f", shm on {server.unix_path}" if server.unix_path else ""
+        print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{shm})",
+              flush=True)
         signal.sigwait(stop_signals)
     return 0
 

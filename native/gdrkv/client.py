@@ -8,11 +8,13 @@ import weakref
 from array import array
 from urllib.parse import parse_qsl, urlsplit
 
+from . import local
 from ._capi import read_address, read_counters, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
 
 DEFAULT_PORT = 7480
+_UNIX_URL = "gdrkv://unix:"
 _MAX_NAMESPACE = 255
 _ERRLEN = 512
 
@@ -24,18 +26,23 @@ _INT_OPTIONS = {
     "backoff_min_ms": (100, 0),
     "backoff_max_ms": (5000, 0),
 }
-_TRANSPORTS = ("auto", "tcp")
-_TRANSPORTS_NOT_BUILT = ("shm", "rdma")
+# Transport names and their enum gdrkv_transport values.
+_TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
+_TRANSPORTS_NOT_BUILT = ("rdma",)
 _OPTIONS = ("namespace", "transport", *_INT_OPTIONS)
 
 
 class Client:
     """A connection to one or more gdrkv servers.
 
-    url is gdrkv://host:port[,host:port...][?option=value&...]; keyword
+    url is gdrkv://host:port[,host:port...][?option=value&...],
+    gdrkv://unix:/path/to/server.sock for a local server's socket, or
+    gdrkv://local[:port] for this machine's daemon, started on first use
+    (gdrkv.local); keyword
     arguments override the URL's options. Options: namespace (""),
     timeout_ms (5000, bounds every call), connect_timeout_ms (1000), conns
-    (4 connections per server), transport ("auto" or "tcp"),
+    (4 connections per server), transport ("auto": shm to a server on this
+    host whose unix socket answers, tcp otherwise; "tcp"; or "shm"),
     backoff_min_ms (100) and backoff_max_ms (5000) for reconnecting to a
     server that failed.
 
@@ -56,6 +63,7 @@ class Client:
         ns_c = ffi.new("char[]", self.namespace.encode())
         opts.servers = servers_c
         opts.ns = ns_c
+        opts.transport = _TRANSPORTS[self.transport]
         for name, (_, minimum) in _INT_OPTIONS.items():
             set_int_field(opts, name, opts_values[name], name, minimum)
 
@@ -234,16 +242,26 @@ class _CallGuard:
 # ---------------------------------------------------------------- options
 
 def _parse_url(url):
-    """("host:port,host:port", {option: text}) from a gdrkv:// URL."""
+    """("host:port,host:port" or "unix:PATH", {option: text}) from a gdrkv:// URL."""
+    if url.startswith(_UNIX_URL):
+        path, _, query = url[len(_UNIX_URL):].partition("?")
+        if not path:
+            raise ValueError(f"no socket path in {url!r} (expected {_UNIX_URL}/path/to.sock)")
+        return "unix:" + path, _parse_query(query)
     parts = urlsplit(url)
     if parts.scheme != "gdrkv" or not parts.netloc or parts.path not in ("", "/"):
         raise ValueError(f"not a gdrkv URL: {url!r} "
                          "(expected gdrkv://host:port[,host:port...][?option=value&...])")
+    if parts.hostname == "local":
+        return local.ensure_server(parts.port or local.DEFAULT_PORT), _parse_query(parts.query)
     servers = parts.netloc.split(",")
     if "" in servers:
         raise ValueError(f"empty server address in {url!r}")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    return ",".join(map(_with_default_port, servers)), options
+    return ",".join(map(_with_default_port, servers)), _parse_query(parts.query)
+
+
+def _parse_query(query):
+    return dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
 
 
 def _with_default_port(address):

@@ -5,6 +5,7 @@ with what it finds.
 """
 import ctypes
 import ctypes.util
+import fcntl
 import os
 
 from .sizes import format_size
@@ -20,8 +21,8 @@ def run(args):
         ("libibverbs", _ibverbs()),
         ("rdma devices", _rdma_devices()),
         ("cuda driver", _try_load("libcuda.so.1")),
-        ("transports", "tcp is built; shm and rdma are not part of this build yet "
-                       "(transport=auto uses tcp)"),
+        ("transports", ("tcp and shm are built, rdma is not yet (transport=auto uses shm for "
+                        "servers on this host when their unix socket answers, else tcp)")),
     ]
     width = max(len(name) for name, _ in checks)
     for name, verdict in checks:
@@ -69,12 +70,25 @@ def _hugepages():
     return f"{free} free of {total} x {page}; --hugepages auto uses them when the pool fits"
 
 
+# Not every Python names it (Linux 5.1+).
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+
+
 def _memfd():
+    """The shm transport shares the pool as a memfd sealed against writes
+    (docs/transports.md)."""
     try:
-        os.close(os.memfd_create("gdrkv-doctor"))
+        fd = os.memfd_create("gdrkv-doctor", os.MFD_ALLOW_SEALING)
     except (AttributeError, OSError) as e:
-        return f"unavailable ({e}); the shm transport will need it"
-    return "available"
+        return f"unavailable ({e}); servers will serve tcp only"
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | _F_SEAL_FUTURE_WRITE)
+    except OSError as e:
+        return f"available, but it can't be sealed ({e}); servers will serve tcp only"
+    finally:
+        os.close(fd)
+    return "available and sealable: the shm transport works here"
 
 
 def _ibverbs():

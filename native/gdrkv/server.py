@@ -21,11 +21,18 @@ class Server:
     pool in use, least recently used objects are evicted down to
     low_watermark. A connection stalled mid-frame for stall_timeout_ms is
     closed.
+
+    Local clients reach the pool directly (the shm transport) through the
+    unix socket at unix_path: None picks the default for the port
+    ($GDRKV_RUNTIME_DIR/<port>.sock, else /tmp/gdrkv-<uid>/<port>.sock), ""
+    turns shm off. An shm reader's lease on the objects it copies lasts at
+    most lease_timeout_ms.
     """
 
     def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
                  pretouch=True, high_watermark=0.95, low_watermark=0.90,
-                 stall_timeout_ms=30000, max_connections=4096):
+                 stall_timeout_ms=30000, max_connections=4096, unix_path=None,
+                 lease_timeout_ms=5000):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if not 0.0 < low_watermark <= high_watermark <= 1.0:
@@ -39,6 +46,10 @@ class Server:
         set_int_field(opts, "workers", workers, "workers")
         set_int_field(opts, "stall_timeout_ms", stall_timeout_ms, "stall_timeout_ms", minimum=1)
         set_int_field(opts, "max_connections", max_connections, "max_connections", minimum=1)
+        set_int_field(opts, "lease_timeout_ms", lease_timeout_ms, "lease_timeout_ms", minimum=1)
+        if unix_path is not None:
+            unix_path_c = ffi.new("char[]", unix_path.encode())
+            opts.unix_path = unix_path_c
         opts.hugepages = _HUGEPAGES[hugepages]
         opts.pretouch = bool(pretouch)
         opts.high_watermark = high_watermark
@@ -56,6 +67,8 @@ class Server:
         self._lock = threading.Lock()
         self.address = read_address(lib.gdrkv_server_address, self._handle)
         self.url = "gdrkv://" + self.address
+        # "" when shm is off.
+        self.unix_path = read_address(lib.gdrkv_server_unix_path, self._handle)
 
     def stats(self):
         """The server's counters: {"name": int or float}."""

@@ -103,7 +103,8 @@ static uint64_t rnd(void)
  * into the parser instead of dying at the magic check. */
 static size_t make_valid(uint8_t *buf, size_t cap)
 {
-    static const uint8_t ops[] = {GK_OP_EXISTS, GK_OP_GET, GK_OP_PUT, GK_OP_DELETE, GK_OP_CLEAR};
+    static const uint8_t ops[] = {GK_OP_EXISTS, GK_OP_GET, GK_OP_PUT, GK_OP_DELETE, GK_OP_CLEAR,
+                                  GK_OP_LEASE};
     uint8_t opcode = ops[rnd() % sizeof ops];
     uint32_t n = opcode == GK_OP_CLEAR ? 0 : (uint32_t)(rnd() % 8);
     uint32_t lens[8];
@@ -116,7 +117,8 @@ static size_t make_valid(uint8_t *buf, size_t cap)
         ns_name[i] = (uint8_t)rnd();
     for (uint32_t i = 0; i < n; i++) {
         lens[i] = 1 + (uint32_t)(rnd() % 64);
-        sizes[i] = opcode == GK_OP_PUT || opcode == GK_OP_GET ? rnd() % 100000 : 0;
+        sizes[i] = opcode == GK_OP_PUT || opcode == GK_OP_GET || opcode == GK_OP_LEASE
+                       ? rnd() % 100000 : 0;
         if (opcode == GK_OP_PUT)
             payload += sizes[i];
     }

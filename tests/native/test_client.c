@@ -64,7 +64,7 @@ static void address_of(gdrkv_server *s, char *buf, size_t len)
     CHECK(gdrkv_server_address(s, buf, len) == 0, "server address");
 }
 
-static gdrkv_client *open_client(const char *servers, uint32_t timeout_ms)
+static gdrkv_client *open_client_over(const char *servers, uint32_t timeout_ms, int transport)
 {
     gdrkv_client_opts o;
     gdrkv_client *c = NULL;
@@ -75,8 +75,14 @@ static gdrkv_client *open_client(const char *servers, uint32_t timeout_ms)
     o.timeout_ms = timeout_ms;
     o.connect_timeout_ms = timeout_ms;
     o.ns = "test";
+    o.transport = transport;
     CHECK(gdrkv_client_open(&o, &c, err, sizeof err) == 0, "client open: %s", err);
     return c;
+}
+
+static gdrkv_client *open_client(const char *servers, uint32_t timeout_ms)
+{
+    return open_client_over(servers, timeout_ms, GDRKV_TRANSPORT_AUTO);
 }
 
 /* One counter from a "name value\n" text; -1 when absent. */
@@ -560,13 +566,16 @@ static void test_threads(gdrkv_client *c)
         pthread_join(t[i], NULL);
 }
 
-static void test_one_server(void)
+/* The suite runs over both transports of a local server; the counters
+ * say which one really moved the bytes. */
+static void test_one_server(int transport)
 {
     char addr[64];
     gdrkv_server *s = start_server("127.0.0.1:0");
     address_of(s, addr, sizeof addr);
-    gdrkv_client *c = open_client(addr, 5000);
+    gdrkv_client *c = open_client_over(addr, 5000, transport);
 
+    printf("-- over %s\n", transport == GDRKV_TRANSPORT_SHM ? "shm" : "tcp");
     RUN_WITH(test_round_trip, c);
     RUN_WITH(test_striping, c);
     RUN_WITH(test_many_keys, c);
@@ -574,6 +583,10 @@ static void test_one_server(void)
     RUN_WITH(test_key_results, c);
     RUN_WITH(test_admin, c);
     RUN_WITH(test_threads, c);
+    int shm = transport == GDRKV_TRANSPORT_SHM;
+    CHECK_EQ(client_stat(c, "shm_connects") > 0, shm);
+    CHECK_EQ(client_stat(c, "shm_bytes_copied") > 0, shm);
+    CHECK_EQ(client_stat(c, "shm_connects") == client_stat(c, "connects"), shm);
     gdrkv_client_close(c);
     gdrkv_server_stop(s);
 }
@@ -1100,7 +1113,8 @@ int main(void)
 {
     RUN(test_options);
     RUN(test_routing);
-    test_one_server();
+    test_one_server(GDRKV_TRANSPORT_TCP);
+    test_one_server(GDRKV_TRANSPORT_SHM);
     RUN(test_silent_server);
     RUN(test_half_header);
     RUN(test_close_mid_payload);

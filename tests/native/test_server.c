@@ -9,8 +9,10 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -29,7 +31,7 @@
 
 static gdrkv_server *srv;
 
-static gdrkv_server *start_server(uint32_t max_connections)
+static gdrkv_server *start_server_leasing(uint32_t max_connections, uint32_t lease_timeout_ms)
 {
     gdrkv_server_opts o;
     gdrkv_server *s = NULL;
@@ -43,8 +45,14 @@ static gdrkv_server *start_server(uint32_t max_connections)
     o.hugepages = 0;
     o.stall_timeout_ms = STALL_MS;
     o.max_connections = max_connections;
+    o.lease_timeout_ms = lease_timeout_ms;
     CHECK(gdrkv_server_start(&o, &s, err, sizeof err) == 0, "server start: %s", err);
     return s;
+}
+
+static gdrkv_server *start_server(uint32_t max_connections)
+{
+    return start_server_leasing(max_connections, 5000);
 }
 
 /* One counter from the server's stats text; -1 when absent. */
@@ -302,6 +310,20 @@ static void test_options(void)
     CHECK(o.high_watermark == 0.95 && o.low_watermark == 0.90, "default watermarks");
     CHECK_EQ(o.stall_timeout_ms, 30000);
     CHECK_EQ(o.max_connections, 4096);
+    CHECK(o.unix_path == NULL, "shm on the default path");
+    CHECK_EQ(o.lease_timeout_ms, 5000);
+
+    o.lease_timeout_ms = 0;
+    CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_INVALID);
+    /* A socket in a directory others may write is refused. */
+    gdrkv_server_opts_init(&o);
+    o.listen = "127.0.0.1:0";
+    o.memory_bytes = 8 << 20;
+    o.pretouch = 0;
+    o.unix_path = "/tmp/gdrkv-test-refused.sock";
+    CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_UNAVAILABLE);
+    CHECK(s == NULL && strstr(err, "/tmp"), "refused: %s", err);
+    gdrkv_server_opts_init(&o);
 
     o.listen = "nonsense:port";
     CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_INVALID);
@@ -643,6 +665,144 @@ static void test_max_connections(void)
     gdrkv_server_stop(small);
 }
 
+/* ------------------------------------------------------------ shm */
+
+static int connect_unix(gdrkv_server *s)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    struct timeval tv = {.tv_sec = 10};
+
+    CHECK(gdrkv_server_unix_path(s, sun.sun_path, sizeof sun.sun_path) == 0 && sun.sun_path[0],
+          "the server has a unix socket");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&sun, sizeof sun) == 0, "connect: %s",
+          strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* HELLO: maps the pool the server passes; *len gets the mapping's size. */
+static const uint8_t *hello(int fd, size_t *len)
+{
+    struct request r = {.opcode = GK_OP_HELLO, .ns = ""};
+    uint8_t raw[GK_HDR_SIZE + GK_RESULT_SIZE];
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {.iov_base = raw, .iov_len = GK_HDR_SIZE};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct gk_hdr h;
+    struct gk_result res;
+    int pool_fd;
+
+    send_request(fd, &r, 1);
+    CHECK_EQ(recvmsg(fd, &msg, MSG_WAITALL), GK_HDR_SIZE);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    CHECK(cm && cm->cmsg_type == SCM_RIGHTS, "the pool's fd came with the answer");
+    memcpy(&pool_fd, CMSG_DATA(cm), sizeof pool_fd);
+    gk_hdr_decode(raw, &h);
+    CHECK(h.status == 0 && h.count == 1 && h.body_len == GK_RESULT_SIZE, "HELLO answered");
+    recv_all(fd, raw + GK_HDR_SIZE, GK_RESULT_SIZE);
+    gk_result_decode(raw + GK_HDR_SIZE, &res);
+    CHECK_EQ(res.size, POOL_BYTES);
+    CHECK(mmap(NULL, res.size, PROT_READ | PROT_WRITE, MAP_SHARED, pool_fd, 0) == MAP_FAILED,
+          "the pool can't be mapped writable");
+    const uint8_t *pool = mmap(NULL, res.size, PROT_READ, MAP_SHARED, pool_fd, 0);
+    CHECK(pool != MAP_FAILED, "mmap: %s", strerror(errno));
+    close(pool_fd);
+    *len = res.size;
+    return pool;
+}
+
+/* LEASE of one key: checks the object's chunks hold want (len bytes). */
+static void lease_and_check(int fd, const uint8_t *pool, const char *ns, const char *key,
+                            const uint8_t *want, uint64_t len)
+{
+    struct request r = {.opcode = GK_OP_LEASE, .ns = ns, .n = 1, .keys = {key}, .sizes = {len}};
+    uint8_t raw[GK_HDR_SIZE];
+    struct gk_hdr h;
+    struct gk_result res;
+
+    send_request(fd, &r, 2);
+    recv_all(fd, raw, sizeof raw);
+    gk_hdr_decode(raw, &h);
+    CHECK(h.status == 0 && h.count == 1 && h.payload_len == 0 && h.body_len <= 1 << 20,
+          "LEASE answered");
+    uint8_t *body = malloc(h.body_len);
+    CHECK(body, "malloc");
+    recv_all(fd, body, h.body_len);
+    gk_result_decode(body, &res);
+    CHECK(res.status == 0 && res.size == len, "leased");
+    uint32_t nchunks = gk_load32(body + GK_RESULT_SIZE);
+    CHECK_EQ(h.body_len, GK_RESULT_SIZE + GK_LEASE_OBJ_SIZE + nchunks * GK_LEASE_CHUNK_SIZE);
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < nchunks; k++) {
+        const uint8_t *c = body + GK_RESULT_SIZE + GK_LEASE_OBJ_SIZE + k * GK_LEASE_CHUNK_SIZE;
+        uint64_t off = gk_load64(c), clen = gk_load64(c + 8);
+        CHECK(off + clen <= POOL_BYTES && at + clen <= len, "chunk in bounds");
+        CHECK(!memcmp(pool + off, want + at, clen), "chunk %u holds the object's bytes", k);
+        at += clen;
+    }
+    CHECK_EQ(at, len);
+    free(body);
+}
+
+static int32_t release(int fd)
+{
+    struct request r = {.opcode = GK_OP_RELEASE, .ns = ""};
+    struct response resp;
+    call(fd, &r, &resp);
+    free_response(&resp);
+    return resp.h.status;
+}
+
+static void test_shm_lease(void)
+{
+    size_t len;
+    int tcp = connect_to(srv), fd = connect_unix(srv);
+    const uint8_t *pool = hello(fd, &len);
+
+    put_big(tcp, "shm", "leased");
+    lease_and_check(fd, pool, "shm", "leased", val_big, BIG);
+    CHECK_EQ(stat_of(srv, "pinned_objects"), 1);
+    CHECK_EQ(release(fd), 0);
+    CHECK_EQ(stat_of(srv, "pinned_objects"), 0);
+    CHECK_EQ(release(fd), GDRKV_E_INVALID);
+    /* The shm ops are refused over tcp, and the connection stays. */
+    struct request r = {.opcode = GK_OP_HELLO, .ns = ""};
+    struct response resp;
+    call(tcp, &r, &resp);
+    CHECK_EQ(resp.h.status, GDRKV_E_UNSUPPORTED);
+    free_response(&resp);
+    test_ping();
+    munmap((void *)pool, len);
+    close(fd);
+    close(tcp);
+}
+
+static void test_shm_lease_expiry(void)
+{
+    size_t len;
+    gdrkv_server *s = start_server_leasing(64, 200);
+    int tcp = connect_to(s), fd = connect_unix(s), held = connect_unix(s);
+    const uint8_t *pool = hello(fd, &len);
+
+    put_big(tcp, "shm", "expiring");
+    lease_and_check(fd, pool, "shm", "expiring", val_big, BIG);
+    wait_stat(s, "pinned_objects", 0);
+    CHECK_EQ(stat_of(s, "shm_leases_expired"), 1);
+    CHECK_EQ(release(fd), GDRKV_E_TIMEOUT);
+    /* A lease held at stop is dropped with its connection (ASan checks). */
+    lease_and_check(held, pool, "shm", "expiring", val_big, BIG);
+    gdrkv_server_stop(s);
+    munmap((void *)pool, len);
+    close(held);
+    close(fd);
+    close(tcp);
+}
+
 /* Stop releases the pins and reservations of clients caught mid-transfer
  * (ASan's leak check and the store's own accounting would catch it not). */
 static void test_stop_mid_transfer(void)
@@ -685,6 +845,8 @@ int main(void)
     RUN(test_concurrent_connections);
     RUN(test_max_connections);
     RUN(test_stop_mid_transfer);
+    RUN(test_shm_lease);
+    RUN(test_shm_lease_expiry);
 
     gdrkv_server_stop(srv);
     free(val_big);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "check.h"
@@ -256,11 +257,15 @@ static void test_roundtrip_sizes(void)
         check_bytes(s, o, 100 + i);
         unpin1(s, o);
     }
-    /* The memfd maps the same bytes: what the shm transport will rely on. */
+    /* The memfd maps the same bytes: what the shm transport relies on; and
+     * it is sealed, so a client holding it can neither write nor resize. */
     uint8_t *shared = mmap(NULL, store_capacity(s), PROT_READ, MAP_SHARED, store_pool_fd(s), 0);
     CHECK(shared != MAP_FAILED, "mmap of the pool fd");
     CHECK(memcmp(shared, store_base(s), store_capacity(s)) == 0, "pool fd maps other bytes");
     munmap(shared, store_capacity(s));
+    CHECK(mmap(NULL, store_capacity(s), PROT_READ | PROT_WRITE, MAP_SHARED, store_pool_fd(s), 0)
+          == MAP_FAILED, "writable mapping of the shared pool fd refused");
+    CHECK(ftruncate(store_pool_fd(s), 0) != 0, "shared pool fd can't be truncated");
 
     struct store_stats st = stats_of(s);
     CHECK_EQ(st.objects, GK_ARRAY_LEN(sizes));

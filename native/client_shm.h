@@ -1,0 +1,44 @@
+/*
+ * client_shm.h - the client's side of the shm transport: connecting to a
+ * server's unix socket, the HELLO that brings the pool's memfd, the
+ * read-only mapping of the pool that every connection to that server
+ * shares, and a LEASE answer's chunk lists turned into copies.
+ */
+#ifndef GDRKV_CLIENT_SHM_H
+#define GDRKV_CLIENT_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "client_batch.h"
+#include "client_copy.h"
+
+struct client_server;
+
+/* One mapping of a server's pool. A restarted server has a new memfd, so a
+ * new mapping; the old one goes when its last connection does. */
+struct client_pool {
+    const uint8_t *base;
+    uint64_t size;          /* the server's capacity: every chunk lies below it */
+    size_t map_len;
+    dev_t dev;
+    ino_t ino;
+    uint32_t refs;          /* atomic: the server's current pool holds one */
+};
+
+/* Connects to s's unix socket and maps its pool: returns the connected,
+ * non-blocking fd with *pool referenced, or a negative gdrkv_error. */
+int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct client_pool **pool);
+void client_pool_put(struct client_pool *p);
+
+/* Appends the copies a LEASE answer describes for keys [first, first +
+ * count) of b: lists/len are the chunk lists after the results, and keys
+ * whose result is a hit (b->got[p] bytes) have one each. Every length and
+ * offset is checked against the pool and the destination first. Returns 0
+ * or GDRKV_E_PROTOCOL (malformed) / GDRKV_E_INTERNAL (out of memory). */
+int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
+                    const struct client_batch *b, uint32_t first, uint32_t count,
+                    struct client_copy_list *out);
+
+#endif
