@@ -2,6 +2,9 @@
 timeout with per-key errors, never raises, never hangs, and a server known
 to be down is skipped at once instead of costing the timeout again."""
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -138,3 +141,34 @@ def test_dead_server_costs_only_its_own_keys(fake_server, make_client):
             else:
                 assert result == errors.E_UNAVAILABLE, key
         client.close()
+
+
+EXIT_WHILE_A_CALL_IS_IN_FLIGHT = textwrap.dedent("""
+    import atexit, socket, threading, time
+    atexit.register(time.sleep, 1.0)   # runs after the client's finalizer: keeps the thread alive
+    import gdrkv
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+    def accept_and_never_answer():
+        while True:
+            held.append(listener.accept()[0])
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+
+    client = gdrkv.Client(f"gdrkv://127.0.0.1:{listener.getsockname()[1]}",
+                          transport="tcp", timeout_ms=600)
+    threading.Thread(target=client.batch_exists, args=(["k"],), daemon=True).start()
+    time.sleep(0.2)
+""")
+
+
+def test_interpreter_exit_waits_for_calls_in_flight():
+    """SGLang's storage threads are daemon threads: at interpreter exit one
+    may still be inside a call when the client's finalizer runs, which must
+    wait for it instead of freeing the C client under it (under the ASan
+    pass of tests/run.sh a use-after-free aborts the process)."""
+    done = subprocess.run([sys.executable, "-c", EXIT_WHILE_A_CALL_IS_IN_FLIGHT],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -73,8 +73,11 @@ class Client:
         if rc < 0:
             raise start_error(rc, err)
         self._handle = out[0]
-        self._close_native = weakref.finalize(self, lib.gdrkv_client_close, self._handle)
         self._calls = _CallGuard()
+        # Also runs at interpreter exit, while daemon threads (SGLang's
+        # prefetch and backup threads) may still be inside a call: it must
+        # wait for them like close() does, never free the client under them.
+        self._close_native = weakref.finalize(self, _close_handle, self._calls, self._handle)
         # address -> what keeps the registered memory alive and unmoved.
         self._registered = {}
         self._registered_lock = threading.Lock()
@@ -200,7 +203,6 @@ class Client:
     def close(self):
         """Waits for calls in flight, then disconnects; later calls raise
         GdrkvError(E_CLOSED). Closing twice is harmless."""
-        self._calls.close()
         self._close_native()
         with self._registered_lock:
             self._registered.clear()
@@ -210,6 +212,11 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _close_handle(calls, handle):
+    calls.close()
+    lib.gdrkv_client_close(handle)
 
 
 class _CallGuard:
