@@ -470,16 +470,33 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
 
 /* One entry of store_reserve_batch. *space is the batch's namespace, created
  * on first use and reset to NULL when a failure dropped it. */
-static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
-                           const struct gk_entry *e, struct store_obj **out)
+/* Whether o was reserved by one of the batch's first n entries. */
+static int reserved_by(struct store_obj *const *objs, uint32_t n, const struct store_obj *o)
 {
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i] == o)
+            return 1;
+    }
+    return 0;
+}
+
+/* Reserves entry i of a batch into objs[i]. */
+static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
+                           const struct gk_entry *e, struct store_obj **objs, uint32_t i)
+{
+    struct store_obj *found;
+
     if (!key_ok(e))
         return GDRKV_E_INVALID;
     if (e->size > GK_MAX_OBJECT || alloc_footprint(&s->alloc, e->size) > alloc_capacity(&s->alloc))
         return GDRKV_E_TOO_LARGE;
     if (!*space && !(*space = ns_create(s, ns)))
         return GDRKV_E_INTERNAL;
-    if (obj_find(s, *space, e)) {
+    if ((found = obj_find(s, *space, e))) {
+        /* Another writer's reservation is not a stored object yet: that
+         * writer may still abort, so only its own batch may count it. */
+        if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
+            return GDRKV_E_BUSY;
         s->st.put_dedup++;
         return STORE_PRESENT;
     }
@@ -502,7 +519,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         s->st.put_no_space++;
         return GDRKV_E_NO_SPACE;
     }
-    *out = o;
+    objs[i] = o;
     return 0;
 }
 
@@ -514,7 +531,7 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
     struct store_ns *space = name_ok ? ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
-        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], &objs[i]) : GDRKV_E_INVALID;
+        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i) : GDRKV_E_INVALID;
     }
     pthread_mutex_unlock(&s->lock);
 }

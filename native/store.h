@@ -88,9 +88,11 @@ uint64_t store_obj_size(const struct store_obj *o);
  * Write path, two phases so the bytes can land straight in the pool:
  * reserve -> caller fills the chunks -> commit (or abort).
  * status[i]: 0 = reserved (objs[i] set; invisible to readers, not evictable),
- *            1 = already present or being written by someone else (objs[i]
- *                NULL; the caller discards the bytes and reports success:
- *                put-if-absent),
+ *            1 = already present, or reserved by an earlier entry of this
+ *                same batch (objs[i] NULL; the caller discards the bytes and
+ *                reports success: put-if-absent),
+ *            GDRKV_E_BUSY = being written by another writer, which may still
+ *                fail: the caller reports the key as not stored,
  *            GDRKV_E_NO_SPACE / GDRKV_E_TOO_LARGE (objs[i] NULL).
  * Reservation evicts unpinned committed objects (LRU first) as needed.
  */
