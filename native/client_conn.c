@@ -130,6 +130,12 @@ static int stalled_or_lost(struct client_conn *c, ssize_t n)
 {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return 0;
+    /* The caller's segment is not mapped: the frame is lost half-sent or
+     * half-read, but the server did nothing wrong (client_run.c). */
+    if (n < 0 && errno == EFAULT) {
+        c->why = "a segment points at memory this process cannot access";
+        return GDRKV_E_INVALID;
+    }
     if (n == 0) {
         c->why = "connection closed by the server";
     } else {

@@ -157,7 +157,10 @@ static void check_in(struct gdrkv_client *c, struct client_call *call, uint32_t 
 
     for (uint32_t j = first; j < end; j++) {
         struct client_job *job = &call->jobs[j];
-        if (job->err && !err) {
+        /* INVALID is the caller's fault (a bad segment): it costs that
+         * job's connection, but must not put the server in backoff for
+         * every other thread. */
+        if (job->err && job->err != GDRKV_E_INVALID && !err) {
             err = job->err;
             why = job->why;
         }

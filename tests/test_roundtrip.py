@@ -311,3 +311,15 @@ def test_register_cuda_tensor_is_refused(client):
 def test_register_cpu_tensor(client):
     torch = engines.require("torch")
     _roundtrip_through(client, torch.zeros(1000, dtype=torch.float64), 8000, "reg-torch")
+
+
+def test_unmapped_segment_fails_its_frame_but_not_the_server(server, make_client):
+    """A segment at an address the process cannot read is the caller's bug:
+    the kernel refuses the transfer (EFAULT), the keys of that frame get
+    E_INVALID, and the server is not put in backoff for everyone else."""
+    client = make_client(server.url, namespace=unique("efault"), transport="tcp")
+    unmapped = 4096          # the zero page is never mapped
+    assert client.batch_put(["bad"], [unmapped], [4096]) == [errors.E_INVALID]
+    assert batch_put_bytes(client, ["good"], [b"x" * 4096]) == [0]
+    counters = client.stats()["client"]
+    assert counters["servers_down"] == 0 and counters["shortcircuit_keys"] == 0
