@@ -50,6 +50,7 @@ struct server_worker {
     struct gdrkv_server *server;
     int epoll_fd;
     int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
+    int runnable;                   /* some connection has work left without an event */
     pthread_t thread;
     struct server_conn *conns;      /* every connection this worker owns */
     uint8_t *scratch;               /* sink for payload bytes nobody keeps */

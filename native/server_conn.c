@@ -422,6 +422,13 @@ void server_conn_on_event(struct server_conn *c)
 
     for (int i = 0; i < CONN_STEPS_PER_EVENT && s == STEP_MORE; i++)
         s = run_step(c);
-    if (s == STEP_CLOSE || listen_for(c, c->state == CONN_WRITE ? EPOLLOUT : EPOLLIN) < 0)
+    if (s == STEP_CLOSE || listen_for(c, c->state == CONN_WRITE ? EPOLLOUT : EPOLLIN) < 0) {
         server_conn_close(c);
+        return;
+    }
+    /* Stopped by the bound, not by the socket: what was already read (a
+     * whole request of a client that pipelines, say) would otherwise wait
+     * for an event that never comes. */
+    c->runnable = s == STEP_MORE;
+    c->worker->runnable |= c->runnable;
 }

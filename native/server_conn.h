@@ -58,6 +58,7 @@ struct server_conn {
     int local;                      /* on the unix socket: shm allowed */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
+    int runnable;                   /* stopped at the step bound with work left */
     uint64_t last_progress_ns;      /* last time a byte moved: stall detection */
     uint64_t frame_start_ns;        /* header complete: op latency */
 
@@ -86,7 +87,9 @@ struct server_conn {
 /* Takes over an accepted socket. Returns 0, or -1 with fd left to the caller. */
 int server_conn_open(struct server_worker *w, int fd, int local);
 /* Runs the state machine as far as the socket allows (bounded, so one busy
- * client can't starve the others); may close and free c. */
+ * client can't starve the others); may close and free c. A connection
+ * stopped by the bound is marked runnable (and its worker too): the worker
+ * must run it again without waiting for an event, which may never come. */
 void server_conn_on_event(struct server_conn *c);
 /* Mid-frame and no byte moved for the server's stall timeout. */
 int server_conn_stalled(const struct server_conn *c, uint64_t now_ns);

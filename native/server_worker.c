@@ -137,6 +137,17 @@ static void tick(struct server_worker *w, uint64_t now_ns)
         GK_WARN("cannot watch the listening sockets again: %s", strerror(errno));
 }
 
+/* Runs again the connections that stopped at their step bound. */
+static void run_runnable(struct server_worker *w)
+{
+    w->runnable = 0;
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->runnable)
+            server_conn_on_event(c);
+    }
+}
+
 void *server_worker_main(void *arg)
 {
     struct server_worker *w = arg;
@@ -146,7 +157,7 @@ void *server_worker_main(void *arg)
     int stopping = 0;
 
     while (!stopping) {
-        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, SERVER_TICK_MS);
+        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, w->runnable ? 0 : SERVER_TICK_MS);
         if (n < 0 && errno != EINTR) {
             GK_ERROR("epoll_wait: %s; worker stops", strerror(errno));
             break;
@@ -162,6 +173,8 @@ void *server_worker_main(void *arg)
             else
                 server_conn_on_event(p);
         }
+        if (w->runnable)
+            run_runnable(w);
         uint64_t now = gk_now_ns();
         if (now >= next_tick) {
             tick(w, now);

@@ -219,3 +219,22 @@ def test_fuzzed_frames_never_hurt_the_server(data, server):
 def test_fuzzing_left_server_healthy_and_counted(server, healthy):
     # Runs after the fuzz test (file order): it sent plenty of bad frames.
     assert frames_bad(server) > len(REJECTED)
+
+
+def test_pipelined_frames_are_all_answered(server):
+    """A client may send many frames back to back. The server runs a bounded
+    number of steps per socket event; when the bound falls right after it
+    read the last frame already sent, it must still answer that frame
+    without waiting for more bytes (which never come: the client waits for
+    the answer). Every split of EXISTS and PING frames is tried so the bound
+    lands on every kind of step."""
+    exists = wire.request(wire.OP_EXISTS, [(b"pipelined", 0)])
+    ping = wire.request(wire.OP_PING)
+    for n in range(1, 80):
+        frames = [exists if i % 3 else ping for i in range(n)]
+        with wire.connect(server.address, timeout=3.0) as conn:
+            conn.send(b"".join(frames))
+            for i, frame in enumerate(frames):
+                hdr = conn.read_header()
+                conn.recv_exact(hdr.body_len)
+                assert hdr.status == 0, (n, i)
