@@ -33,6 +33,7 @@ from .sizes import format_size, parse_size
 from .table import format_table
 
 OPS = ("put", "get", "exists")
+DEFAULT_SIZES = "4KiB,64KiB,1MiB"
 MIN_ROUND_S = 0.2
 # Bytes one put round may store: every batch of a round needs fresh keys,
 # since a put of a key already stored is a no-op.
@@ -49,8 +50,9 @@ PATTERN_BLOCK = (1 << 20) + 4093
 def add_arguments(parser):
     parser.add_argument("--url",
                         help="server to measure (default: start one in a separate process)")
-    parser.add_argument("--sizes", type=_sizes, default="4KiB,64KiB,1MiB",
-                        help="object sizes (default 4KiB,64KiB,1MiB)")
+    parser.add_argument("--sizes", type=_sizes,
+                        help="object sizes (default 4KiB,64KiB,1MiB; with --compare "
+                             "4KiB,64KiB,1MiB,4MiB)")
     parser.add_argument("--count", type=_positive, default=256,
                         help="objects per batch (default 256)")
     parser.add_argument("--repeat", type=_positive, default=5,
@@ -66,9 +68,20 @@ def add_arguments(parser):
     parser.add_argument("--json", metavar="PATH",
                         help="write the machine, the options and every median here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--compare", action="store_true",
+                        help="gdrkv over every transport, Mooncake, Redis and the engines' "
+                             "own storage on one workload, with the ceilings (it starts "
+                             "every server: no --url, --conns or --transport)")
+    parser.add_argument("--png", metavar="PATH",
+                        help="with --compare: plot throughput against object size here")
 
 
 def run(args):
+    if args.compare:
+        from . import bench_compare
+        args.sizes = args.sizes or _sizes(bench_compare.DEFAULT_SIZES)
+        return bench_compare.run(args)
+    args.sizes = args.sizes or _sizes(DEFAULT_SIZES)
     progress = _Progress(len(args.sizes) * len(args.ops) * args.repeat,
                          enabled=sys.stderr.isatty() and not args.quiet)
     options = {"transport": args.transport, "namespace": f"gdrkv-bench-{os.getpid()}"}
