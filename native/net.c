@@ -5,7 +5,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -70,12 +69,6 @@ static int resolve(const struct gk_addr *a, int passive, struct addrinfo **res)
     hints.ai_flags = passive ? AI_PASSIVE : 0;
     snprintf(port, sizeof port, "%u", a->port);
     return getaddrinfo(a->host, port, &hints, res);
-}
-
-int gk_set_nonblocking(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
 void gk_set_nodelay(int fd)

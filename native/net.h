@@ -50,7 +50,6 @@ int gk_connect_unix(const char *path);
 /* Whether the peer of a unix socket runs as our user (or as root). */
 int gk_peer_is_us(int fd);
 
-int gk_set_nonblocking(int fd);
 void gk_set_nodelay(int fd);
 
 /* Milliseconds left until deadline_ns for poll(), 0 when passed. */

@@ -49,18 +49,18 @@ static int op_exists(struct server_conn *c)
     return respond_results(c, c->req.count, b->status, b->sizes, 0);
 }
 
-/* Pins the objects until their bytes are written; objects larger than the
- * client's destination are answered with their size only, and let go now. */
-static int op_get(struct server_conn *c)
+/* Pins the request's objects for reading (GET and LEASE); an object larger
+ * than the client's destination is answered with its size only, and let go
+ * at once. Returns the bytes of the objects that stay pinned. */
+static uint64_t pin_for_read(struct server_conn *c)
 {
     struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
-    uint32_t n = c->req.count;
-    uint64_t payload_len = 0;
+    uint64_t bytes = 0;
 
-    store_pin_batch(s, &c->ns, b->entries, n, 1, b->objs, b->status, b->sizes);
+    store_pin_batch(s, &c->ns, b->entries, c->req.count, 1, b->objs, b->status, b->sizes);
     c->holds = CONN_HOLDS_PINS;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < c->req.count; i++) {
         if (!b->objs[i])
             continue;
         if (b->sizes[i] > b->entries[i].size) {
@@ -68,10 +68,21 @@ static int op_get(struct server_conn *c)
             b->objs[i] = NULL;
             b->status[i] = GDRKV_E_TOO_SMALL;
         } else {
-            payload_len += b->sizes[i];
+            bytes += b->sizes[i];
         }
     }
-    server_payload_start(&c->payload, store_base(s), b->entries, b->objs, n, 0, payload_len);
+    return bytes;
+}
+
+/* The objects stay pinned until their bytes are written. */
+static int op_get(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+    uint64_t payload_len = pin_for_read(c);
+
+    server_payload_start(&c->payload, store_base(store_of(c)), b->entries, b->objs, n, 0,
+                         payload_len);
     return respond_results(c, n, b->status, b->sizes, payload_len);
 }
 
@@ -102,24 +113,13 @@ static uint64_t lease_entry_len(const struct store_obj *o)
  * (server_ops_frame_done turns the pins into the connection's lease). */
 static int op_lease(struct server_conn *c)
 {
-    struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
     uint32_t n = c->req.count;
-    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE, bytes = 0;
+    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE, bytes = pin_for_read(c);
 
-    store_pin_batch(s, &c->ns, b->entries, n, 1, b->objs, b->status, b->sizes);
-    c->holds = CONN_HOLDS_PINS;
     for (uint32_t i = 0; i < n; i++) {
-        if (!b->objs[i])
-            continue;
-        if (b->sizes[i] > b->entries[i].size) {
-            store_unpin_batch(s, &b->objs[i], 1);
-            b->objs[i] = NULL;
-            b->status[i] = GDRKV_E_TOO_SMALL;
-        } else {
+        if (b->objs[i])
             body_len += lease_entry_len(b->objs[i]);
-            bytes += b->sizes[i];
-        }
     }
     /* Capacities are only bounded per key, so many huge objects could
      * need more chunk entries than a body may hold. */

@@ -86,11 +86,6 @@ void gk_text_u64(struct gk_text *t, const char *name, uint64_t value)
     append(t, "%s %llu\n", name, (unsigned long long)value);
 }
 
-void gk_text_f64(struct gk_text *t, const char *name, double value)
-{
-    append(t, "%s %.6g\n", name, value);
-}
-
 void gk_text_latency(struct gk_text *t, const char *name, const struct gk_latency *l)
 {
     append(t, "%s_count %llu\n%s_us_p50 %llu\n%s_us_p99 %llu\n%s_us_max %llu\n",
