@@ -72,6 +72,7 @@ def test_unknown_option_is_named(where, embedded):
     ("backoff_min_ms", "x"),
     ("transport", "pigeon"),
     ("namespace", "n" * 256),
+    ("namespace", "tenant\0other"),
 ])
 def test_bad_option_value_is_named(option, value, embedded):
     with pytest.raises(ValueError, match=option):

@@ -288,8 +288,11 @@ def _resolve_options(given):
     values.update(given)
 
     ns = values["namespace"]
-    if not isinstance(ns, str) or len(ns.encode()) > _MAX_NAMESPACE:
-        raise ValueError(f"namespace must be a string of at most {_MAX_NAMESPACE} UTF-8 bytes")
+    # The C client takes the namespace as a C string: a NUL would cut it
+    # short and merge two namespaces.
+    if not isinstance(ns, str) or len(ns.encode()) > _MAX_NAMESPACE or "\0" in ns:
+        raise ValueError(f"namespace must be a string of at most {_MAX_NAMESPACE} UTF-8 bytes "
+                         "without NUL characters")
     transport = values["transport"]
     if transport in _TRANSPORTS_NOT_BUILT:
         raise ValueError(f"transport {transport!r} is not built yet; valid transports: "
