@@ -285,10 +285,6 @@ int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len
 
 /* ------------------------------------------------------------ counters */
 
-static uint64_t load(const uint64_t *counter)
-{
-    return __atomic_load_n(counter, __ATOMIC_RELAXED);
-}
 
 int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
 {
@@ -307,23 +303,23 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
         if (gk_op_is_shm(op))
             continue;   /* frames of the transport, never calls of their own */
         snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
-        gk_text_u64(&t, name, load(&k->calls[op]));
+        gk_text_u64(&t, name, gk_counter_get(&k->calls[op]));
         if (client_op_has_keys(op)) {
             snprintf(name, sizeof name, "keys_%s", gk_op_name(op));
-            gk_text_u64(&t, name, load(&k->keys[op]));
+            gk_text_u64(&t, name, gk_counter_get(&k->keys[op]));
         }
     }
-    gk_text_u64(&t, "bytes_sent", load(&k->bytes_sent));
-    gk_text_u64(&t, "bytes_received", load(&k->bytes_received));
-    gk_text_u64(&t, "errors_timeout", load(&k->errors_timeout));
-    gk_text_u64(&t, "errors_unavailable", load(&k->errors_unavailable));
-    gk_text_u64(&t, "errors_protocol", load(&k->errors_protocol));
-    gk_text_u64(&t, "connects", load(&k->connects));
-    gk_text_u64(&t, "connect_failures", load(&k->connect_failures));
-    gk_text_u64(&t, "shortcircuit_keys", load(&k->shortcircuit_keys));
-    gk_text_u64(&t, "shm_connects", load(&k->shm_connects));
-    gk_text_u64(&t, "shm_bytes_copied", load(&k->shm_bytes_copied));
-    gk_text_u64(&t, "shm_leases_expired", load(&k->shm_leases_expired));
+    gk_text_u64(&t, "bytes_sent", gk_counter_get(&k->bytes_sent));
+    gk_text_u64(&t, "bytes_received", gk_counter_get(&k->bytes_received));
+    gk_text_u64(&t, "errors_timeout", gk_counter_get(&k->errors_timeout));
+    gk_text_u64(&t, "errors_unavailable", gk_counter_get(&k->errors_unavailable));
+    gk_text_u64(&t, "errors_protocol", gk_counter_get(&k->errors_protocol));
+    gk_text_u64(&t, "connects", gk_counter_get(&k->connects));
+    gk_text_u64(&t, "connect_failures", gk_counter_get(&k->connect_failures));
+    gk_text_u64(&t, "shortcircuit_keys", gk_counter_get(&k->shortcircuit_keys));
+    gk_text_u64(&t, "shm_connects", gk_counter_get(&k->shm_connects));
+    gk_text_u64(&t, "shm_bytes_copied", gk_counter_get(&k->shm_bytes_copied));
+    gk_text_u64(&t, "shm_leases_expired", gk_counter_get(&k->shm_leases_expired));
     for (uint32_t i = 0; i < c->nservers; i++)
         down += (uint32_t)client_server_is_down(&c->servers[i]);
     gk_text_u64(&t, "servers", c->nservers);

@@ -58,10 +58,6 @@ struct gdrkv_client {
     struct client_counters counters;
 };
 
-static inline void client_count(uint64_t *counter, uint64_t n)
-{
-    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
-}
 
 /* A batch call's arguments, as the public API takes them. */
 struct client_keys {

@@ -299,7 +299,7 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
         pos += sh->count;
         key_off += sh->key_bytes;
     }
-    client_count(&c->counters.shortcircuit_keys, refused);
+    gk_counter_add(&c->counters.shortcircuit_keys, refused);
     return pos;
 }
 
@@ -378,8 +378,8 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
 
 static void record_call(struct gdrkv_client *c, uint8_t op, uint32_t keys, uint64_t start)
 {
-    client_count(&c->counters.calls[op], 1);
-    client_count(&c->counters.keys[op], keys);
+    gk_counter_add(&c->counters.calls[op], 1);
+    gk_counter_add(&c->counters.keys[op], keys);
     gk_latency_record(&c->counters.latency[op], (gk_now_ns() - start) / 1000);
 }
 

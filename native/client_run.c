@@ -18,11 +18,11 @@
 static void count_failure(struct gdrkv_client *c, int err, uint64_t n)
 {
     if (err == GDRKV_E_TIMEOUT)
-        client_count(&c->counters.errors_timeout, n);
+        gk_counter_add(&c->counters.errors_timeout, n);
     else if (err == GDRKV_E_UNAVAILABLE)
-        client_count(&c->counters.errors_unavailable, n);
+        gk_counter_add(&c->counters.errors_unavailable, n);
     else if (err == GDRKV_E_PROTOCOL)
-        client_count(&c->counters.errors_protocol, n);
+        gk_counter_add(&c->counters.errors_protocol, n);
 }
 
 /* Fails the frames of j not yet answered and closes its connection: after
@@ -71,7 +71,7 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
             int err;
             conn = client_conn_open(s, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
             if (!conn) {
-                client_count(&c->counters.connect_failures, 1);
+                gk_counter_add(&c->counters.connect_failures, 1);
                 /* Past connect_timeout_ms but within the call's deadline
                  * the server is unreachable rather than slow. */
                 if (err == GDRKV_E_TIMEOUT && gk_now_ns() < call->deadline_ns)
@@ -80,8 +80,8 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
                     fail_job(c, call, &call->jobs[k], err, "connect failed");
                 return;
             }
-            client_count(&c->counters.connects, 1);
-            client_count(&c->counters.shm_connects, (uint64_t)client_conn_is_shm(conn));
+            gk_counter_add(&c->counters.connects, 1);
+            gk_counter_add(&c->counters.shm_connects, (uint64_t)client_conn_is_shm(conn));
         }
         call->jobs[j].conn = conn;
     }
@@ -190,8 +190,8 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     for_each_server(c, call, check_out);
     drive(c, call);
     for_each_server(c, call, check_in);
-    client_count(&c->counters.bytes_sent, call->batch.bytes_sent);
-    client_count(&c->counters.bytes_received, call->batch.bytes_received);
-    client_count(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
-    client_count(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
+    gk_counter_add(&c->counters.bytes_sent, call->batch.bytes_sent);
+    gk_counter_add(&c->counters.bytes_received, call->batch.bytes_received);
+    gk_counter_add(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
+    gk_counter_add(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
 }

@@ -82,10 +82,6 @@ void *server_worker_main(void *arg);
 void server_worker_destroy(struct server_worker *w);
 
 /* server_stats.c */
-static inline void server_count(uint64_t *counter, uint64_t n)
-{
-    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
-}
 void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, uint64_t latency_us);
 /* Appends every server counter and the store's stats as "name value" lines. */
 void server_stats_text(struct gdrkv_server *s, struct gk_text *t);

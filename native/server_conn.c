@@ -86,7 +86,7 @@ void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns)
     GK_DEBUG("fd %d: lease of %u keys expired", c->fd, c->lease_count);
     server_ops_release(c);
     c->lease_expired = 1;
-    server_count(&c->worker->counters.shm_leases_expired, 1);
+    gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
 }
 
 int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
@@ -175,7 +175,7 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
     va_end(ap);
     len = GK_MIN(GK_MAX(len, 0), (int)sizeof msg - 1);
 
-    server_count(&c->worker->counters.frames_bad, 1);
+    gk_counter_add(&c->worker->counters.frames_bad, 1);
     GK_DEBUG("fd %d: frame rejected (%s): %s", c->fd, gdrkv_strerror(code), msg);
     uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
     if (!body)
@@ -210,7 +210,7 @@ static enum step on_header(struct server_conn *c)
     int rc = gk_check_request_hdr(h);
     if (rc == GDRKV_E_PROTOCOL && h->magic != GK_MAGIC) {
         /* Not our protocol at all: nothing we send would be understood. */
-        server_count(&c->worker->counters.frames_bad, 1);
+        gk_counter_add(&c->worker->counters.frames_bad, 1);
         GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
         return STEP_CLOSE;
     }
@@ -340,7 +340,7 @@ static enum step read_payload(struct server_conn *c)
         if (n <= 0)
             return step_of(n);
         server_payload_advance(&c->payload, (uint64_t)n);
-        server_count(&w->counters.bytes_in, (uint64_t)n);
+        gk_counter_add(&w->counters.bytes_in, (uint64_t)n);
     }
     if (c->payload.left > 0)
         return STEP_MORE;
@@ -386,7 +386,7 @@ static enum step write_response(struct server_conn *c)
         size_t head = GK_MIN((size_t)n, head_left);
         c->out_sent += head;
         server_payload_advance(&c->payload, (uint64_t)n - head);
-        server_count(&c->worker->counters.bytes_out, (uint64_t)n - head);
+        gk_counter_add(&c->worker->counters.bytes_out, (uint64_t)n - head);
     }
     if (c->out_sent < c->out_len || c->payload.left > 0)
         return STEP_MORE;

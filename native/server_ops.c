@@ -150,8 +150,8 @@ static int op_lease(struct server_conn *c)
             gk_store64(p + 8, ch[k].len);
         }
     }
-    server_count(&c->worker->counters.shm_leases, 1);
-    server_count(&c->worker->counters.shm_lease_bytes, bytes);
+    gk_counter_add(&c->worker->counters.shm_leases, 1);
+    gk_counter_add(&c->worker->counters.shm_lease_bytes, bytes);
     return 0;
 }
 

@@ -8,33 +8,29 @@
 #include "server.h"
 #include "store.h"
 
-static uint64_t load(const uint64_t *counter)
-{
-    return __atomic_load_n(counter, __ATOMIC_RELAXED);
-}
 
 void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, uint64_t latency_us)
 {
-    server_count(&c->ops[opcode], 1);
-    server_count(&c->keys[opcode], keys);
+    gk_counter_add(&c->ops[opcode], 1);
+    gk_counter_add(&c->keys[opcode], keys);
     gk_latency_record(&c->latency[opcode], latency_us);
 }
 
 static void sum_counters(struct server_counters *sum, const struct server_counters *c)
 {
-    sum->connections_total += load(&c->connections_total);
-    sum->connections_rejected += load(&c->connections_rejected);
-    sum->bytes_in += load(&c->bytes_in);
-    sum->bytes_out += load(&c->bytes_out);
-    sum->frames_bad += load(&c->frames_bad);
-    sum->shm_connections_total += load(&c->shm_connections_total);
-    sum->shm_connections_refused += load(&c->shm_connections_refused);
-    sum->shm_leases += load(&c->shm_leases);
-    sum->shm_lease_bytes += load(&c->shm_lease_bytes);
-    sum->shm_leases_expired += load(&c->shm_leases_expired);
+    sum->connections_total += gk_counter_get(&c->connections_total);
+    sum->connections_rejected += gk_counter_get(&c->connections_rejected);
+    sum->bytes_in += gk_counter_get(&c->bytes_in);
+    sum->bytes_out += gk_counter_get(&c->bytes_out);
+    sum->frames_bad += gk_counter_get(&c->frames_bad);
+    sum->shm_connections_total += gk_counter_get(&c->shm_connections_total);
+    sum->shm_connections_refused += gk_counter_get(&c->shm_connections_refused);
+    sum->shm_leases += gk_counter_get(&c->shm_leases);
+    sum->shm_lease_bytes += gk_counter_get(&c->shm_lease_bytes);
+    sum->shm_leases_expired += gk_counter_get(&c->shm_leases_expired);
     for (int op = 1; op <= GK_OP_MAX; op++) {
-        sum->ops[op] += load(&c->ops[op]);
-        sum->keys[op] += load(&c->keys[op]);
+        sum->ops[op] += gk_counter_get(&c->ops[op]);
+        sum->keys[op] += gk_counter_get(&c->keys[op]);
         gk_latency_merge(&sum->latency[op], &c->latency[op]);
     }
 }

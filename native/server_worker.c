@@ -94,7 +94,7 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
             return;     /* EAGAIN: the queue is empty, or another worker was quicker */
         }
         if (local && !gk_peer_is_us(fd)) {
-            server_count(&w->counters.shm_connections_refused, 1);
+            gk_counter_add(&w->counters.shm_connections_refused, 1);
             close(fd);
             GK_WARN("unix connection from another user refused");
             continue;
@@ -102,7 +102,7 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
         /* Take a slot; server_conn_close gives it back. */
         if (__atomic_fetch_add(&s->connections, 1, __ATOMIC_RELAXED) >= s->max_connections) {
             __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
-            server_count(&w->counters.connections_rejected, 1);
+            gk_counter_add(&w->counters.connections_rejected, 1);
             close(fd);
             GK_DEBUG("connection refused: max_connections %u reached", s->max_connections);
             continue;
@@ -115,8 +115,8 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
             GK_WARN("cannot set up a connection: %s", strerror(errno));
             continue;
         }
-        server_count(&w->counters.connections_total, 1);
-        server_count(&w->counters.shm_connections_total, (uint64_t)local);
+        gk_counter_add(&w->counters.connections_total, 1);
+        gk_counter_add(&w->counters.shm_connections_total, (uint64_t)local);
     }
 }
 

@@ -6,9 +6,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-static inline uint64_t load(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-static inline void add(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-
 static unsigned bucket_of(uint64_t us)
 {
     unsigned b = us ? 64u - (unsigned)__builtin_clzll(us) : 0;
@@ -17,10 +14,10 @@ static unsigned bucket_of(uint64_t us)
 
 void gk_latency_record(struct gk_latency *l, uint64_t us)
 {
-    add(&l->buckets[bucket_of(us)], 1);
-    add(&l->count, 1);
-    add(&l->sum_us, us);
-    uint64_t cur = load(&l->max_us);
+    gk_counter_add(&l->buckets[bucket_of(us)], 1);
+    gk_counter_add(&l->count, 1);
+    gk_counter_add(&l->sum_us, us);
+    uint64_t cur = gk_counter_get(&l->max_us);
     while (us > cur &&
            !__atomic_compare_exchange_n(&l->max_us, &cur, us, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
@@ -29,10 +26,10 @@ void gk_latency_record(struct gk_latency *l, uint64_t us)
 void gk_latency_merge(struct gk_latency *dst, const struct gk_latency *src)
 {
     for (unsigned b = 0; b < GK_LAT_BUCKETS; b++)
-        dst->buckets[b] += load(&src->buckets[b]);
-    dst->count += load(&src->count);
-    dst->sum_us += load(&src->sum_us);
-    uint64_t m = load(&src->max_us);
+        dst->buckets[b] += gk_counter_get(&src->buckets[b]);
+    dst->count += gk_counter_get(&src->count);
+    dst->sum_us += gk_counter_get(&src->sum_us);
+    uint64_t m = gk_counter_get(&src->max_us);
     if (m > dst->max_us)
         dst->max_us = m;
 }

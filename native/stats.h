@@ -10,6 +10,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Counters that many threads bump and a stats call reads: relaxed atomics,
+ * since each counter is read on its own, never as a consistent set. */
+static inline void gk_counter_add(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t gk_counter_get(const uint64_t *counter)
+{
+    return __atomic_load_n(counter, __ATOMIC_RELAXED);
+}
+
 #define GK_LAT_BUCKETS 32   /* bucket b counts latencies in [2^(b-1), 2^b) us */
 
 /* Updated with relaxed atomics so any thread may record without a lock. */
