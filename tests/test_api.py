@@ -47,6 +47,12 @@ def test_server_bad_memory(memory):
         gdrkv.Server(memory=memory, pretouch=False)
 
 
+@pytest.mark.parametrize("low, high", [(0.0, 0.9), (0.95, 0.9), (0.5, 1.5)])
+def test_server_bad_watermarks(low, high):
+    with pytest.raises(ValueError, match="watermark"):
+        gdrkv.Server(memory="16MiB", pretouch=False, low_watermark=low, high_watermark=high)
+
+
 def test_server_lifecycle():
     server = gdrkv.Server(memory="32MiB", pretouch=False, workers=2)
     assert re.fullmatch(r"127\.0\.0\.1:\d+", server.address) and not server.address.endswith(":0")

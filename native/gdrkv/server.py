@@ -35,9 +35,6 @@ class Server:
                  lease_timeout_ms=5000):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
-        if not 0.0 < low_watermark <= high_watermark <= 1.0:
-            raise ValueError("watermarks must satisfy 0 < low_watermark <= high_watermark <= 1, "
-                             f"not low={low_watermark} high={high_watermark}")
         opts = ffi.new("gdrkv_server_opts *")
         lib.gdrkv_server_opts_init(opts)
         listen_c = ffi.new("char[]", listen.encode())
