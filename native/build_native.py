@@ -10,6 +10,8 @@ once that way); GDRKV_DEBUG=1 builds without optimisation.
 import glob
 import os
 import re
+import subprocess
+import tempfile
 
 from cffi import FFI
 
@@ -29,9 +31,26 @@ def _sources():
     return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "*.c")))
 
 
+def have_verbs_headers():
+    """rdma-core's verbs.h (Debian: libibverbs-dev) gives the rdma transport
+    its types; the library itself is loaded at run time (native/ibv.h)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write("#include <infiniband/verbs.h>\nint main(void) { return 0; }\n")
+        cc = os.environ.get("CC", "cc").split()
+        return subprocess.call(cc + ["-fsyntax-only", src], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) == 0
+
+
 def _flags():
     cflags = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
               "-Wno-unused-parameter", "-fvisibility=hidden", "-pthread"]
+    if have_verbs_headers():
+        cflags.append("-DGDRKV_HAVE_VERBS")
+    else:
+        print("gdrkv: <infiniband/verbs.h> not found: building without the rdma transport "
+              "(install libibverbs-dev / rdma-core-devel to have it)")
     ldflags = ["-pthread"]
     if os.environ.get("GDRKV_SANITIZE") == "1":
         san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",

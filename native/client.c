@@ -64,8 +64,8 @@ static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
         return open_error(err, errlen, GDRKV_E_INVALID, "connect_timeout_ms must be positive");
     if (o->backoff_max_ms < o->backoff_min_ms)
         return open_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
-    if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_SHM)
-        return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp or shm");
+    if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_RDMA)
+        return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp, shm or rdma");
     return 0;
 }
 
@@ -103,12 +103,16 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
 
     struct client_server *s = &c->servers[c->nservers];
     int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
+    if (rc == GDRKV_E_INVALID && unix_path)
+        return open_error(err, errlen, rc, "server %s is a unix socket: only transports shm "
+                          "and auto reach it", text);
     if (rc == GDRKV_E_INVALID)
-        return open_error(err, errlen, rc, "server %s can't use transport %s: shm needs a "
-                          "local server (a loopback address or unix:PATH)", text,
-                          c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "shm");
+        return open_error(err, errlen, rc, "server %s can't use transport shm: shm needs a "
+                          "local server (a loopback address or unix:PATH)", text);
     if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    if (c->opts.transport == GDRKV_TRANSPORT_AUTO || c->opts.transport == GDRKV_TRANSPORT_RDMA)
+        s->rdma = &c->rdma;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
         if (!strcmp(c->servers[i].name, s->name))
@@ -155,6 +159,12 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
         free(c);
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     }
+    if (client_rdma_init(&c->rdma)) {
+        client_copier_destroy(&c->copier);
+        client_regions_destroy(&c->regions);
+        free(c);
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    }
     c->opts = *opts;
     c->opts.servers = NULL;
     snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
@@ -181,17 +191,37 @@ void gdrkv_client_close(gdrkv_client *c)
     free(c->seeds);
     client_regions_destroy(&c->regions);
     client_copier_destroy(&c->copier);
+    /* After the servers: their connections' QPs go before the device. */
+    client_rdma_destroy(&c->rdma);
     free(c);
 }
 
+/* With rdma possible, the range also becomes an MR. Under auto a failed
+ * registration only means those frames go over the socket; under rdma it
+ * is the caller's error. */
 int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
 {
-    return c ? client_regions_add(&c->regions, ptr, len) : GDRKV_E_CLOSED;
+    if (!c)
+        return GDRKV_E_CLOSED;
+    int rc = client_regions_add(&c->regions, ptr, len);
+    if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
+        return rc;
+    int rrc = client_rdma_register(&c->rdma, ptr, len);
+    if (rrc && c->opts.transport == GDRKV_TRANSPORT_RDMA) {
+        client_regions_remove(&c->regions, ptr);
+        return rrc;
+    }
+    return 0;
 }
 
 int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr)
 {
-    return c ? client_regions_remove(&c->regions, ptr) : GDRKV_E_CLOSED;
+    if (!c)
+        return GDRKV_E_CLOSED;
+    int rc = client_regions_remove(&c->regions, ptr);
+    if (rc == 0)
+        client_rdma_unregister(&c->rdma, ptr);
+    return rc;
 }
 
 /* ------------------------------------------------------------ batches */
@@ -300,7 +330,7 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     k = &c->counters;
     gk_text_init(&t, buf, len);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op_is_shm(op))
+        if (gk_op_is_transport(op))
             continue;   /* frames of the transport, never calls of their own */
         snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
         gk_text_u64(&t, name, gk_counter_get(&k->calls[op]));
@@ -320,12 +350,20 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "shm_connects", gk_counter_get(&k->shm_connects));
     gk_text_u64(&t, "shm_bytes_copied", gk_counter_get(&k->shm_bytes_copied));
     gk_text_u64(&t, "shm_leases_expired", gk_counter_get(&k->shm_leases_expired));
+    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma.state, __ATOMIC_RELAXED) == 1);
+    gk_text_u64(&t, "rdma_read_frames", gk_counter_get(&c->rdma.reads));
+    gk_text_u64(&t, "rdma_write_frames", gk_counter_get(&c->rdma.writes));
+    gk_text_u64(&t, "rdma_work_requests", gk_counter_get(&c->rdma.wrs));
+    gk_text_u64(&t, "rdma_doorbells", gk_counter_get(&c->rdma.posts));
+    gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma.completions));
+    gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
+    gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
     for (uint32_t i = 0; i < c->nservers; i++)
         down += (uint32_t)client_server_is_down(&c->servers[i]);
     gk_text_u64(&t, "servers", c->nservers);
     gk_text_u64(&t, "servers_down", down);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op_is_shm(op))
+        if (gk_op_is_transport(op))
             continue;
         struct gk_latency lat = {0};
         gk_latency_merge(&lat, &k->latency[op]);

@@ -11,6 +11,8 @@
  *   client_iov.c      a frame's bytes as iovec windows over caller segments
  *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
  *   client_copy.c     shm: the copies, with helper threads for large frames
+ *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments
+ *   client_rdma.c     rdma: device, MRs, QPs per connection, READs and WRITEs
  *   client_server.c   one server: idle connection pool and health/backoff
  *   client_regions.c  registered memory ranges
  *   route.c           rendezvous hashing of keys to servers
@@ -21,6 +23,7 @@
 #include <stdint.h>
 
 #include "client_copy.h"
+#include "client_rdma.h"
 #include "client_regions.h"
 #include "gdrkv.h"
 #include "protocol.h"
@@ -55,6 +58,7 @@ struct gdrkv_client {
     uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
     struct client_regions regions;
     struct client_copier copier;    /* helper threads for large shm copies */
+    struct client_rdma rdma;        /* device and MRs of the rdma transport */
     struct client_counters counters;
 };
 

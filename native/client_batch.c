@@ -341,6 +341,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
             .seg_counts = k->seg_counts,
             .results = k->results,
             .copier = &c->copier,
+            .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
         },
         .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
     };

@@ -44,6 +44,9 @@ struct client_batch {
 
     /* shm: the client's copy helpers. */
     struct client_copier *copier;
+    /* The call's deadline, for the transports' synchronous steps (copies,
+     * RDMA completions). */
+    uint64_t deadline_ns;
 
     /* Traffic of the call, added to the client's counters once at the end. */
     uint64_t bytes_sent;

@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "client_rdma.h"
 #include "client_server.h"
 #include "client_shm.h"
 #include "common.h"
@@ -40,6 +41,20 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     }
     if (fd < 0 && !s->shm_only)
         fd = gk_connect_tcp(&s->addr, deadline_ns);
+    struct client_rdma_conn *rdma = NULL;
+    if (fd >= 0 && !pool && s->rdma) {
+        int rc = client_rdma_conn_open(s->rdma, fd, deadline_ns, &rdma);
+        if (rc && s->rdma_only) {
+            GK_DEBUG("%s: no rdma (%s)", s->name, gdrkv_strerror(rc));
+            close(fd);
+            fd = rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
+        } else if (rc && rc != GDRKV_E_UNSUPPORTED) {
+            /* auto: the half-done exchange spoiled the socket; start over plain. */
+            GK_DEBUG("%s: rdma set-up failed (%s), using tcp", s->name, gdrkv_strerror(rc));
+            close(fd);
+            fd = gk_connect_tcp(&s->addr, deadline_ns);
+        }
+    }
     if (fd < 0) {
         *err = fd;
         return NULL;
@@ -48,18 +63,23 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     if (!c) {
         close(fd);
         client_pool_put(pool);
+        client_rdma_conn_close(rdma);
         *err = GDRKV_E_INTERNAL;
         return NULL;
     }
     c->fd = fd;
     c->pool = pool;
-    /* HELLO was request 1. */
-    c->next_req_id = pool ? 2 : 1;
+    c->rdma = rdma;
+    /* Request 1 may have been HELLO or RDMA_HELLO. */
+    c->next_req_id = 2;
     return c;
 }
 
 void client_conn_close(struct client_conn *c)
 {
+    /* The QPs first: no DMA may outlive the connection. */
+    client_rdma_conn_close(c->rdma);
+    free(c->commit);
     close(c->fd);
     client_pool_put(c->pool);
     client_copy_free(&c->copies);
@@ -75,6 +95,8 @@ int client_conn_is_shm(const struct client_conn *c)
 int client_conn_usable(const struct client_conn *c)
 {
     uint8_t byte;
+    if (c->rdma_broken)
+        return 0;
     ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
@@ -88,7 +110,7 @@ static void encode_request(const struct client_batch *b, const struct client_fra
         .opcode = opcode,
         .count = f->count,
         .body_len = f->body_len,
-        .payload_len = f->payload_len,
+        .payload_len = opcode == GK_OP_PUT ? f->payload_len : 0,
         .req_id = req_id,
     };
     uint8_t *body = f->buf + GK_HDR_SIZE;
@@ -104,7 +126,12 @@ static void encode_request(const struct client_batch *b, const struct client_fra
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->req_id = c->next_req_id++;
-    c->wire_op = c->pool && b->opcode == GK_OP_GET ? GK_OP_LEASE : b->opcode;
+    c->wire_op = b->opcode;
+    if (c->pool && b->opcode == GK_OP_GET)
+        c->wire_op = GK_OP_LEASE;
+    else if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
+             client_rdma_frame_ok(c->rdma, b, f))
+        c->wire_op = b->opcode == GK_OP_GET ? GK_OP_LEASE : GK_OP_RESERVE;
     encode_request(b, f, c->wire_op, c->req_id);
     c->batch = b;
     c->frame = f;
@@ -114,7 +141,7 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
     c->body = f->buf + GK_HDR_SIZE;
     c->why = NULL;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
-                    b->opcode == GK_OP_PUT ? f->count : 0, b->sizes);
+                    c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
 
 short client_conn_events(const struct client_conn *c)
@@ -206,8 +233,9 @@ static int take_header(struct client_conn *c)
         uint32_t count = expected_count(c);
         if (h->count != count)
             return broken(c, "result count differs from the key count");
-        /* A LEASE's chunk lists follow its results. */
-        if (c->wire_op == GK_OP_LEASE ? h->body_len < count * GK_RESULT_SIZE
+        /* A LEASE's or RESERVE's chunk lists follow its results. */
+        int lists = c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE;
+        if (lists ? h->body_len < count * GK_RESULT_SIZE
             : op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
         if (c->wire_op != GK_OP_GET && h->payload_len != 0)
@@ -244,15 +272,39 @@ static void start_release(struct client_conn *c)
     client_iov_init(&c->io, c->release, GK_HDR_SIZE, c->batch, 0, 0, NULL);
 }
 
-/* The LEASE answered: copies the objects out of the pool, then releases.
- * A lease with nothing to copy needs no confirmation; the server drops it
- * when the next frame comes. */
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered: copies (shm) or READs (rdma) the objects out of the
+ * pool, then releases. A lease with nothing to copy needs no confirmation;
+ * the server drops it when the next frame comes. */
 static int copy_leased(struct client_conn *c, uint64_t bytes)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
     size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
 
+    if (c->rdma) {
+        int rc = bytes ? rdma_outcome(c, client_rdma_read(c->rdma, c->body + results_len,
+                                                          c->resp.body_len - results_len, b, f))
+                       : 0;
+        if (rc == 0 && bytes > 0)
+            start_release(c);
+        return rc;
+    }
     int rc = client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len, b,
                              f->first, f->count, &c->copies);
     if (rc == 0 && bytes > 0)
@@ -269,6 +321,74 @@ static int copy_leased(struct client_conn *c, uint64_t bytes)
         start_release(c);
     }
     return 0;
+}
+
+/* The RESERVE answered: WRITEs the values of the reserved keys, then
+ * COMMITs those whose bytes all arrived (flags, one per key of the frame). */
+static int write_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+    size_t need = GK_HDR_SIZE + (size_t)f->count;
+
+    if (need > c->commit_cap) {
+        uint8_t *p = realloc(c->commit, need);
+        if (!p) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        c->commit = p;
+        c->commit_cap = need;
+    }
+    uint8_t *flags = c->commit + GK_HDR_SIZE;
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > GK_RESERVE_PRESENT)
+            return broken(c, "positive key status");
+        if (r.status == 0 && r.size != b->sizes[p])
+            return broken(c, "reserved size differs from the value's");
+        flags[k] = r.status == 0;
+        b->results[b->index[p]] = r.status < 0 ? r.status : 0;
+    }
+    int rc = rdma_outcome(c, client_rdma_write(c->rdma, c->body + results_len,
+                                               c->resp.body_len - results_len, b, f, flags));
+    if (rc)
+        return rc;
+
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_COMMIT,
+                       .count = f->count, .body_len = f->count};
+    c->req_id = h.req_id = c->next_req_id++;
+    c->wire_op = GK_OP_COMMIT;
+    gk_hdr_encode(&h, c->commit);
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
+    client_iov_init(&c->io, c->commit, need, b, 0, 0, NULL);
+    return 0;
+}
+
+/* COMMIT answered: the server's word on the keys committed; the others
+ * keep what RESERVE or the WRITEs gave them. */
+static int take_commit(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *flags = c->commit + GK_HDR_SIZE;
+
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r;
+        if (!flags[k])
+            continue;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        b->results[b->index[f->first + k]] = r.status;
+    }
+    return 1;
 }
 
 /* RELEASE answered: status 0 vouches for the bytes copied under the lease;
@@ -297,6 +417,8 @@ static int take_results(struct client_conn *c)
     uint8_t op = b->opcode;
     uint64_t payload = 0;
 
+    if (c->wire_op == GK_OP_RESERVE)
+        return write_reserved(c);
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t p = f->first + k;
         struct gk_result r;
@@ -337,6 +459,17 @@ static int take_body(struct client_conn *c)
 
     if (c->wire_op == GK_OP_RELEASE) {
         rc = end_lease(c);
+    } else if (c->wire_op == GK_OP_COMMIT && h->status) {
+        /* The reservations expired (or the server lost them): what was to
+         * be committed is not stored, and the QPs are gone with them. */
+        const uint8_t *flags = c->commit + GK_HDR_SIZE;
+        for (uint32_t k = 0; k < f->count; k++)
+            if (flags[k])
+                b->results[b->index[f->first + k]] = h->status;
+        c->rdma_broken = 1;
+        rc = 1;
+    } else if (c->wire_op == GK_OP_COMMIT) {
+        rc = take_commit(c);
     } else if (h->status) {
         GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
                  gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),

@@ -13,6 +13,11 @@
  * a LEASE: the answer says where the objects are in the pool, the values
  * are copied from there into the caller's segments, and a RELEASE confirms
  * the objects stayed pinned throughout, or fails the frame's keys.
+ *
+ * Over rdma (a tcp control connection with QPs, client_rdma.h) a GET whose
+ * segments are all registered goes out as a LEASE too, its objects READ
+ * by the NIC; such a PUT goes out as RESERVE, its values WRITTEN into the
+ * reserved chunks, then COMMIT. Other frames travel on the socket.
  */
 #ifndef GDRKV_CLIENT_CONN_H
 #define GDRKV_CLIENT_CONN_H
@@ -40,13 +45,18 @@ struct client_conn {
     uint64_t next_req_id;
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
     struct client_copy_list copies; /* shm: the current LEASE's copies */
+    struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */
+    int rdma_broken;            /* a QP failed: finish the frame, then close */
+    uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
+    size_t commit_cap;
 
     /* The frame in flight. */
     enum client_conn_phase phase;
     struct client_batch *batch;
     struct client_frame *frame;
     uint64_t req_id;
-    uint8_t wire_op;            /* what is on the wire: the batch's op, LEASE or RELEASE */
+    uint8_t wire_op;            /* what is on the wire: the batch's op, or LEASE, RELEASE,
+                                   RESERVE, COMMIT */
     uint8_t release[GK_HDR_SIZE];   /* the RELEASE request */
     struct gk_hdr resp;
     int resp_decoded;

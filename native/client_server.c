@@ -42,13 +42,15 @@ static int is_this_host(const char *host)
 static int choose_transport(struct client_server *s, const char *unix_path, int transport)
 {
     if (unix_path) {
-        if (transport == GDRKV_TRANSPORT_TCP)
+        if (transport == GDRKV_TRANSPORT_TCP || transport == GDRKV_TRANSPORT_RDMA)
             return GDRKV_E_INVALID;
         snprintf(s->unix_path, sizeof s->unix_path, "%s", unix_path);
         s->shm_only = 1;
         return 0;
     }
-    if (transport == GDRKV_TRANSPORT_TCP)
+    /* rdma: QPs over a tcp control connection, even to this host. */
+    s->rdma_only = transport == GDRKV_TRANSPORT_RDMA;
+    if (transport == GDRKV_TRANSPORT_TCP || transport == GDRKV_TRANSPORT_RDMA)
         return 0;
     int local = is_this_host(s->addr.host) &&
                 gk_unix_default_path(s->addr.port, s->unix_path, sizeof s->unix_path) == 0;

@@ -19,6 +19,7 @@
 
 struct client_conn;
 struct client_pool;
+struct client_rdma;
 
 /* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
  * "unix:" and a socket path. */
@@ -42,6 +43,8 @@ struct client_server {
     uint64_t backoff_min_ms, backoff_max_ms;
     uint64_t probe_ns;
     struct client_pool *pool;       /* the mapping new connections share, or NULL */
+    struct client_rdma *rdma;       /* the client's, when transport auto or rdma */
+    int rdma_only;                  /* transport rdma: no plain tcp fallback */
 };
 
 /* Sets up server s for the address (name gets its canonical text), or

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client_chunks.h"
 #include "client_server.h"
 #include "common.h"
 #include "gdrkv.h"
@@ -179,52 +180,24 @@ int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct cli
 
 /* ------------------------------------------------------------ copies */
 
-/* Lays one object's chunks over its destination segments. */
-static int plan_object(const struct client_pool *pool, const uint8_t **at, size_t *left,
-                       const struct client_batch *b, uint32_t p, struct client_copy_list *out)
-{
-    if (*left < GK_LEASE_OBJ_SIZE)
-        return GDRKV_E_PROTOCOL;
-    uint32_t nchunks = gk_load32(*at);
-    *at += GK_LEASE_OBJ_SIZE, *left -= GK_LEASE_OBJ_SIZE;
-    if (nchunks > *left / GK_LEASE_CHUNK_SIZE)
-        return GDRKV_E_PROTOCOL;
+struct shm_plan {
+    struct client_copy_list *out;
+    const struct client_pool *pool;
+};
 
-    uint64_t seg = b->first_seg[p], seg_off = 0, total = 0;
-    for (uint32_t k = 0; k < nchunks; k++) {
-        uint64_t off = gk_load64(*at), len = gk_load64(*at + 8);
-        *at += GK_LEASE_CHUNK_SIZE, *left -= GK_LEASE_CHUNK_SIZE;
-        if (off > pool->size || len > pool->size - off || len > b->got[p] - total)
-            return GDRKV_E_PROTOCOL;
-        total += len;
-        /* The object fits its segments (take_results checked its size
-         * against their capacity), so seg never runs past them. */
-        while (len > 0) {
-            uint64_t room = b->seg_lens[seg] - seg_off;
-            if (room == 0) {
-                seg++, seg_off = 0;
-                continue;
-            }
-            uint64_t n = GK_MIN(room, len);
-            uint8_t *dst = (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off;
-            if (client_copy_add(out, dst, pool->base + off, (size_t)n))
-                return GDRKV_E_INTERNAL;
-            off += n, len -= n, seg_off += n;
-        }
-    }
-    return total == b->got[p] ? 0 : GDRKV_E_PROTOCOL;
+static int add_copy(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off, uint64_t len)
+{
+    struct shm_plan *plan = arg;
+    (void)p;
+    return client_copy_add(plan->out, (uint8_t *)(uintptr_t)seg_addr,
+                           plan->pool->base + pool_off, (size_t)len);
 }
 
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
                     struct client_copy_list *out)
 {
-    for (uint32_t p = first; p < first + count; p++) {
-        if (b->results[b->index[p]] < 0)
-            continue;
-        int rc = plan_object(pool, &lists, &len, b, p, out);
-        if (rc)
-            return rc;
-    }
-    return len == 0 ? 0 : GDRKV_E_PROTOCOL;
+    struct shm_plan plan = {.out = out, .pool = pool};
+    return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
+                              &plan);
 }

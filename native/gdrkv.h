@@ -30,6 +30,12 @@ enum gdrkv_error {
 
 const char *gdrkv_strerror(int code);
 
+/* What this build and host offer for the rdma transport, as "name value\n"
+ * lines: rdma_built, rdma_library, rdma_available, rdma_why, and per device
+ * and port its limits, state, link layer and chosen GID (gdrkv doctor shows
+ * them). Returns the length written or a negative error. */
+int gdrkv_rdma_report(char *buf, size_t len);
+
 /* ---------------------------------------------------------------- server */
 
 typedef struct gdrkv_server gdrkv_server;
@@ -48,8 +54,11 @@ typedef struct gdrkv_server_opts {
     const char *unix_path;      /* socket of the shm transport for local clients;
                                    NULL = the default for the port (docs/transports.md),
                                    "" = no shm */
-    uint32_t lease_timeout_ms;  /* an shm read lease not released by then is
-                                   dropped, and its reader told so */
+    uint32_t lease_timeout_ms;  /* an shm or rdma read lease (or an rdma write
+                                   reservation) not ended by then is dropped,
+                                   and its client told so */
+    int rdma;                   /* -1 serve rdma clients when a device is there,
+                                   0 never, 1 require (the start fails without) */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);
@@ -75,7 +84,9 @@ typedef struct gdrkv_client gdrkv_client;
 enum gdrkv_transport {
     GDRKV_TRANSPORT_AUTO = 0,   /* shm where a server's unix socket answers, else tcp */
     GDRKV_TRANSPORT_TCP = 1,
-    GDRKV_TRANSPORT_SHM = 2     /* shm or nothing: a server without it is unavailable */
+    GDRKV_TRANSPORT_SHM = 2,    /* shm or nothing: a server without it is unavailable */
+    GDRKV_TRANSPORT_RDMA = 3    /* rdma or nothing (also to this host); auto uses rdma
+                                   for remote servers when both sides have it */
 };
 
 typedef struct gdrkv_client_opts {
@@ -96,7 +107,9 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out,
 void gdrkv_client_close(gdrkv_client *c);
 
 /* Registers memory the batch calls will read from or write into. Over tcp
- * this only records the range; other transports pin and map it. */
+ * this only records the range; rdma registers it with the NIC (an MR), and
+ * only registered memory moves by RDMA: frames touching other memory go
+ * over the control connection. */
 int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len);
 int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr);
 

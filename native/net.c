@@ -175,3 +175,49 @@ int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns)
     freeaddrinfo(res);
     return result;
 }
+
+static int wait_for(int fd, short events, uint64_t deadline_ns)
+{
+    struct pollfd pfd = {.fd = fd, .events = events};
+    int n;
+    do
+        n = poll(&pfd, 1, gk_poll_ms_left(deadline_ns));
+    while (n < 0 && errno == EINTR);
+    return n > 0 ? 0 : n == 0 ? GDRKV_E_TIMEOUT : GDRKV_E_UNAVAILABLE;
+}
+
+int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            int rc = wait_for(fd, POLLOUT, deadline_ns);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (n <= 0)
+            return GDRKV_E_UNAVAILABLE;
+        p += n, len -= (size_t)n;
+    }
+    return 0;
+}
+
+int gk_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            int rc = wait_for(fd, POLLIN, deadline_ns);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (n <= 0)
+            return GDRKV_E_UNAVAILABLE;
+        p += n, len -= (size_t)n;
+    }
+    return 0;
+}

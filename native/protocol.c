@@ -39,12 +39,19 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h)
 int gk_op_is_keyed(uint8_t opcode)
 {
     return opcode == GK_OP_EXISTS || opcode == GK_OP_GET || opcode == GK_OP_PUT ||
-           opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR || opcode == GK_OP_LEASE;
+           opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR || opcode == GK_OP_LEASE ||
+           opcode == GK_OP_RESERVE;
 }
 
-int gk_op_is_shm(uint8_t opcode)
+int gk_op_is_in_place(uint8_t opcode)
 {
-    return opcode == GK_OP_HELLO || opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE;
+    return opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE || opcode == GK_OP_RESERVE ||
+           opcode == GK_OP_COMMIT;
+}
+
+int gk_op_is_transport(uint8_t opcode)
+{
+    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || gk_op_is_in_place(opcode);
 }
 
 const char *gk_op_name(uint8_t opcode)
@@ -60,6 +67,9 @@ const char *gk_op_name(uint8_t opcode)
     case GK_OP_HELLO: return "hello";
     case GK_OP_LEASE: return "lease";
     case GK_OP_RELEASE: return "release";
+    case GK_OP_RDMA_HELLO: return "rdma_hello";
+    case GK_OP_RESERVE: return "reserve";
+    case GK_OP_COMMIT: return "commit";
     default: return "unknown";
     }
 }
@@ -74,6 +84,11 @@ int gk_check_request_hdr(const struct gk_hdr *h)
         return GDRKV_E_UNSUPPORTED;
     if (h->payload_len != 0 && h->opcode != GK_OP_PUT)
         return GDRKV_E_PROTOCOL;
+    /* The unkeyed ops with a body: RDMA_HELLO's endpoint, COMMIT's flags. */
+    if (h->opcode == GK_OP_RDMA_HELLO)
+        return h->count == 0 && h->body_len <= GK_MAX_RDMA_HELLO ? 0 : GDRKV_E_PROTOCOL;
+    if (h->opcode == GK_OP_COMMIT)
+        return h->body_len == h->count ? 0 : GDRKV_E_PROTOCOL;
     if (!gk_op_is_keyed(h->opcode) && (h->count != 0 || h->body_len != 0))
         return GDRKV_E_PROTOCOL;
     if (h->opcode == GK_OP_CLEAR && h->count != 0)

@@ -38,6 +38,21 @@
  *            so the bytes copied under it were the objects', or TIMEOUT
  *            when it had expired.
  *
+ *   rdma transport (tcp or unix connections; docs/transports.md):
+ *   RDMA_HELLO: body = the client's QP endpoint (rdma_qp.h); the answer's
+ *            body is the server's endpoint and the pool's registered
+ *            regions. Once answered, GETs are LEASEs (the client READs the
+ *            chunks, then RELEASE) and PUTs are RESERVE + COMMIT.
+ *   RESERVE: a PUT without payload: entry sizes are the value sizes; per
+ *            key status 0 (reserved: its chunk list follows the results,
+ *            as in LEASE), 1 (already stored: nothing to write) or an
+ *            error. The reservations stay until COMMIT, the next other
+ *            frame, the lease timeout or the connection's end.
+ *   COMMIT:  count = the RESERVE's count, body = count bytes, 1 to commit
+ *            the key (its bytes are written), 0 to abort it; the answer
+ *            is one result per key, or frame status TIMEOUT when the
+ *            reservations had expired.
+ *
  * Limits below are checked before anything is allocated for a frame.
  */
 #ifndef GDRKV_PROTOCOL_H
@@ -60,6 +75,8 @@
 #define GK_MAX_SEGMENTS 1024             /* segments per object (client side) */
 #define GK_MAX_OBJECT (1ull << 30)       /* bytes per object */
 #define GK_MAX_PAYLOAD (64ull << 30)     /* payload bytes per frame */
+#define GK_MAX_RDMA_HELLO 4096           /* RDMA_HELLO request body */
+#define GK_RESERVE_PRESENT 1             /* RESERVE key status: already stored */
 
 enum gk_opcode {
     GK_OP_PING = 1,
@@ -72,7 +89,10 @@ enum gk_opcode {
     GK_OP_HELLO = 8,
     GK_OP_LEASE = 9,
     GK_OP_RELEASE = 10,
-    GK_OP_MAX = 10,
+    GK_OP_RDMA_HELLO = 11,
+    GK_OP_RESERVE = 12,
+    GK_OP_COMMIT = 13,
+    GK_OP_MAX = 13,
     GK_OP_RESPONSE = 0x80
 };
 
@@ -110,8 +130,10 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h);
 
 /* Whether opcode takes a namespace + entries body. */
 int gk_op_is_keyed(uint8_t opcode);
-/* Whether opcode belongs to the shm transport (unix connections only). */
-int gk_op_is_shm(uint8_t opcode);
+/* Whether opcode reads or writes the pool in place: shm or rdma only. */
+int gk_op_is_in_place(uint8_t opcode);
+/* Whether opcode is a transport's own frame, never an API call of its own. */
+int gk_op_is_transport(uint8_t opcode);
 const char *gk_op_name(uint8_t opcode);
 
 /* Checks a request header against the limits: magic, version, body_len,

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "net.h"
 #include "server.h"
+#include "server_rdma.h"
 #include "store.h"
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts)
@@ -37,6 +38,7 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         .max_connections = 4096,
         .unix_path = NULL,
         .lease_timeout_ms = 5000,
+        .rdma = -1,
     };
 }
 
@@ -61,6 +63,8 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "max_connections must be > 0";
     else if (o->lease_timeout_ms == 0)
         bad = "lease_timeout_ms must be > 0";
+    else if (o->rdma < -1 || o->rdma > 1)
+        bad = "rdma must be -1, 0 or 1";
     else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         bad = "unix_path is too long for a unix socket";
     if (bad)
@@ -161,6 +165,7 @@ static void server_free(struct gdrkv_server *s)
     }
     if (s->wake_fd >= 0)
         close(s->wake_fd);
+    server_rdma_stop(s);
     if (s->store)
         store_close(s->store);
     free(s);
@@ -205,6 +210,9 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         s->store = NULL;
         goto fail;
     }
+    rc = server_rdma_start(s, opts->rdma, err, errlen);
+    if (rc)
+        goto fail;
     s->listen_fd = gk_listen_tcp(&addr, SOMAXCONN, err, errlen);
     if (s->listen_fd < 0) {
         rc = s->listen_fd;
@@ -235,9 +243,10 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
 
     struct store_stats st;
     store_get_stats(s->store, &st);
-    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers", s->address,
-            s->unix_fd >= 0 ? " and " : "", s->unix_path,
-            (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers);
+    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers, rdma %s",
+            s->address, s->unix_fd >= 0 ? " and " : "", s->unix_path,
+            (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers,
+            s->rdma ? "on" : "off");
     *out = s;
     return 0;
 

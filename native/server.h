@@ -7,6 +7,7 @@
  *   server_conn.c     a connection's non-blocking frame state machine
  *   server_ops.c      a parsed request -> store calls -> response
  *   server_payload.c  where a frame's payload bytes go in the pool
+ *   server_rdma.c     rdma: the registered pool, QPs per connection
  *   server_stats.c    per-worker counters and the stats text
  */
 #ifndef GDRKV_SERVER_H
@@ -21,6 +22,7 @@
 #include "stats.h"
 
 struct server_conn;
+struct server_rdma;
 struct store;
 
 #define SERVER_MAX_WORKERS 16
@@ -40,7 +42,10 @@ struct server_counters {
     uint64_t shm_connections_refused; /* unix peers of another uid */
     uint64_t shm_leases;            /* LEASE frames answered with offsets */
     uint64_t shm_lease_bytes;       /* object bytes handed out under leases */
-    uint64_t shm_leases_expired;    /* leases dropped by the timeout, not released */
+    uint64_t shm_leases_expired;    /* leases (and RESERVEs) dropped by the timeout */
+    uint64_t rdma_leases;           /* LEASE frames of rdma connections */
+    uint64_t rdma_lease_bytes;      /* object bytes they handed out for READs */
+    uint64_t rdma_reserved_bytes;   /* bytes RESERVE handed out for WRITEs */
     uint64_t ops[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
@@ -63,6 +68,7 @@ struct gdrkv_server {
     int unix_fd;                    /* shm listener, or -1 */
     char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
     uint32_t lease_timeout_ms;
+    struct server_rdma *rdma;       /* NULL when rdma is off or unavailable */
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
     uint32_t stall_timeout_ms;

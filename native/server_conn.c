@@ -23,6 +23,7 @@
 #include "common.h"
 #include "log.h"
 #include "server_ops.h"
+#include "server_rdma.h"
 
 /* Steps one event may run before the worker moves on to other connections. */
 #define CONN_STEPS_PER_EVENT 64
@@ -63,6 +64,8 @@ void server_conn_close(struct server_conn *c)
 {
     struct server_worker *w = c->worker;
 
+    /* QPs first: nothing may reach the pool once pins and reservations go. */
+    server_rdma_conn_destroy(c);
     server_ops_release(c);
     close(c->fd);
     if (c->prev)
@@ -81,9 +84,11 @@ void server_conn_close(struct server_conn *c)
 
 void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns)
 {
-    if (c->holds != CONN_HOLDS_LEASE || now_ns < c->lease_deadline_ns)
+    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma;
+    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
         return;
-    GK_DEBUG("fd %d: lease of %u keys expired", c->fd, c->lease_count);
+    GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
+             c->lease_count);
     server_ops_release(c);
     c->lease_expired = 1;
     gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
@@ -195,15 +200,34 @@ static enum step execute(struct server_conn *c)
     return STEP_MORE;
 }
 
+/* In-place ops need a peer that can reach the pool: a local one that
+ * mapped it (shm), or one with QPs (rdma). */
+static int op_allowed(const struct server_conn *c, uint8_t op)
+{
+    switch (op) {
+    case GK_OP_HELLO: return c->local;
+    case GK_OP_LEASE:
+    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
+    case GK_OP_RESERVE: return server_rdma_conn_active(c);
+    case GK_OP_COMMIT: return c->rdma != NULL;   /* killed QPs: COMMIT learns it */
+    default: return 1;
+    }
+}
+
 static enum step on_header(struct server_conn *c)
 {
     struct gk_hdr *h = &c->req;
 
     gk_hdr_decode(c->hdr_raw, h);
     c->frame_start_ns = gk_now_ns();
-    /* A client that moves on without RELEASE is done with its lease (if it
-     * holds one); this also frees the batch arrays for the new frame. */
-    if (h->opcode != GK_OP_RELEASE) {
+    /* A client that moves on without RELEASE (COMMIT) is done with its
+     * lease (reservations); this also frees the batch arrays for the new
+     * frame. A COMMIT must cover exactly the reserved keys. */
+    if (h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
+        h->count != c->lease_count)
+        return reject(c, GDRKV_E_PROTOCOL, 0, "commit of %u keys, %u reserved", h->count,
+                      c->lease_count);
+    if (h->opcode != GK_OP_RELEASE && h->opcode != GK_OP_COMMIT) {
         server_ops_release(c);
         c->lease_expired = 0;
     }
@@ -214,8 +238,7 @@ static enum step on_header(struct server_conn *c)
         GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
         return STEP_CLOSE;
     }
-    /* shm ops make no sense over tcp: the peer can't map our memory. */
-    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && gk_op_is_shm(h->opcode) && !c->local)) {
+    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !op_allowed(c, h->opcode))) {
         /* Lengths were checked before the opcode, so skipping is bounded. */
         c->skip_left = h->body_len + h->payload_len;
         c->state = CONN_SKIP;

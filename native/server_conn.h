@@ -10,6 +10,9 @@
  * passes it the pool's fd, and a LEASE's pins outlive the frame as the
  * connection's lease, until RELEASE, the next frame, the lease timeout or
  * the connection's end.
+ *
+ * Any connection may become an rdma one (server_rdma.h): RDMA_HELLO gives
+ * it QPs, and a RESERVE's reservations outlive the frame until COMMIT.
  */
 #ifndef GDRKV_SERVER_CONN_H
 #define GDRKV_SERVER_CONN_H
@@ -79,9 +82,11 @@ struct server_conn {
     size_t out_cap, out_len, out_sent;
     int pass_fd;                    /* sent with the response's first byte, or -1 */
 
-    uint32_t lease_count;           /* keys of the lease (batch.objs) */
+    uint32_t lease_count;           /* keys of the lease or RESERVE (batch.objs) */
     uint64_t lease_deadline_ns;
-    int lease_expired;              /* dropped by the timeout; RELEASE says so */
+    int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
+    int reserved_for_rdma;          /* the reservations are a RESERVE's, awaiting COMMIT */
+    struct server_rdma_conn *rdma;  /* QPs, after RDMA_HELLO */
 };
 
 /* Takes over an accepted socket. Returns 0, or -1 with fd left to the caller. */

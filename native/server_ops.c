@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "server_conn.h"
+#include "server_rdma.h"
 #include "store.h"
 
 static struct store *store_of(struct server_conn *c)
@@ -108,21 +109,20 @@ static uint64_t lease_entry_len(const struct store_obj *o)
     return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
 }
 
-/* A GET answered with where the objects are instead of their bytes: the
- * client copies them out of its mapping of the pool while they stay pinned
- * (server_ops_frame_done turns the pins into the connection's lease). */
-static int op_lease(struct server_conn *c)
+/* Answers LEASE and RESERVE: the results, then the chunk list of every
+ * object held (pinned or reserved). Capacities are only bounded per key,
+ * so many huge objects could need more chunk entries than a body may
+ * hold: then everything is let go and the frame refused. */
+static int respond_chunk_lists(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
     uint32_t n = c->req.count;
-    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE, bytes = pin_for_read(c);
+    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE;
 
     for (uint32_t i = 0; i < n; i++) {
         if (b->objs[i])
             body_len += lease_entry_len(b->objs[i]);
     }
-    /* Capacities are only bounded per key, so many huge objects could
-     * need more chunk entries than a body may hold. */
     if (body_len > GK_MAX_BODY) {
         server_ops_release(c);
         static const char msg[] = "the objects' chunk lists exceed the body limit";
@@ -150,9 +150,23 @@ static int op_lease(struct server_conn *c)
             gk_store64(p + 8, ch[k].len);
         }
     }
-    gk_counter_add(&c->worker->counters.shm_leases, 1);
-    gk_counter_add(&c->worker->counters.shm_lease_bytes, bytes);
     return 0;
+}
+
+/* A GET answered with where the objects are instead of their bytes: the
+ * client copies (shm) or READs (rdma) them out of the pool while they stay
+ * pinned (server_ops_frame_done turns the pins into the connection's
+ * lease). */
+static int op_lease(struct server_conn *c)
+{
+    uint64_t bytes = pin_for_read(c);
+    int rc = respond_chunk_lists(c);
+    if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
+        struct server_counters *k = &c->worker->counters;
+        gk_counter_add(c->local ? &k->shm_leases : &k->rdma_leases, 1);
+        gk_counter_add(c->local ? &k->shm_lease_bytes : &k->rdma_lease_bytes, bytes);
+    }
+    return rc;
 }
 
 /* Ends the lease. Status 0 promises the objects stayed pinned from the
@@ -196,6 +210,59 @@ int server_ops_finish_put(struct server_conn *c)
     return respond_results(c, n, b->status, NULL, 0);
 }
 
+/* ------------------------------------------------------------ rdma put */
+
+/* A PUT whose values the client will RDMA-WRITE into the reserved chunks
+ * before COMMIT; the sizes answered are the value sizes. */
+static int op_reserve(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint64_t bytes = 0;
+
+    store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
+    c->holds = CONN_HOLDS_RESERVATIONS;
+    for (uint32_t i = 0; i < c->req.count; i++) {
+        b->sizes[i] = b->objs[i] ? b->entries[i].size : 0;
+        bytes += b->sizes[i];
+    }
+    int rc = respond_chunk_lists(c);
+    if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS)
+        gk_counter_add(&c->worker->counters.rdma_reserved_bytes, bytes);
+    return rc;
+}
+
+/* Publishes the reserved objects the client says it wrote, drops the
+ * others. The client has seen every WRITE complete before sending it. */
+static int op_commit(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+
+    if (c->holds != CONN_HOLDS_RESERVATIONS) {
+        /* Expired: the QPs are dead too, so this connection is done. */
+        c->close_after_write = 1;
+        int32_t status = c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+        c->lease_expired = 0;
+        return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (b->objs[i] && c->body[i] != 1) {
+            store_abort_batch(s, &b->objs[i], 1);
+            b->objs[i] = NULL;
+            b->status[i] = GDRKV_E_INVALID;
+        }
+    }
+    store_commit_batch(s, b->objs, n);
+    c->holds = CONN_HOLDS_NOTHING;
+    c->reserved_for_rdma = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (b->status[i] == STORE_PRESENT)
+            b->status[i] = 0;
+    return respond_results(c, n, b->status, NULL, 0);
+}
+
 static int op_delete(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
@@ -223,17 +290,28 @@ int server_ops_execute(struct server_conn *c)
     case GK_OP_HELLO: return op_hello(c);
     case GK_OP_LEASE: return op_lease(c);
     case GK_OP_RELEASE: return op_release(c);
+    case GK_OP_RDMA_HELLO: return server_rdma_hello(c);
+    case GK_OP_RESERVE: return op_reserve(c);
+    case GK_OP_COMMIT: return op_commit(c);
     }
     return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
 }
 
 void server_ops_frame_done(struct server_conn *c)
 {
+    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull;
+
     if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
         c->holds = CONN_HOLDS_LEASE;
         c->lease_count = c->req.count;
-        c->lease_deadline_ns = gk_now_ns() +
-                               (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull;
+        c->lease_deadline_ns = deadline;
+        return;
+    }
+    /* RESERVE's reservations wait for the client's WRITEs and COMMIT. */
+    if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
+        c->lease_count = c->req.count;
+        c->lease_deadline_ns = deadline;
+        c->reserved_for_rdma = 1;
         return;
     }
     server_ops_release(c);
@@ -247,7 +325,13 @@ void server_ops_release(struct server_conn *c)
         store_unpin_batch(store_of(c), b->objs, c->req.count);
     else if (c->holds == CONN_HOLDS_LEASE)
         store_unpin_batch(store_of(c), b->objs, c->lease_count);
-    else if (c->holds == CONN_HOLDS_RESERVATIONS)
+    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma) {
+        /* The client may still be writing into them: stop its QPs first. */
+        server_rdma_conn_kill(c);
+        store_abort_batch(store_of(c), b->objs, c->lease_count);
+    } else if (c->holds == CONN_HOLDS_RESERVATIONS) {
         store_abort_batch(store_of(c), b->objs, c->req.count);
+    }
     c->holds = CONN_HOLDS_NOTHING;
+    c->reserved_for_rdma = 0;
 }

@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "server.h"
+#include "server_rdma.h"
 #include "store.h"
 
 
@@ -28,6 +29,9 @@ static void sum_counters(struct server_counters *sum, const struct server_counte
     sum->shm_leases += gk_counter_get(&c->shm_leases);
     sum->shm_lease_bytes += gk_counter_get(&c->shm_lease_bytes);
     sum->shm_leases_expired += gk_counter_get(&c->shm_leases_expired);
+    sum->rdma_leases += gk_counter_get(&c->rdma_leases);
+    sum->rdma_lease_bytes += gk_counter_get(&c->rdma_lease_bytes);
+    sum->rdma_reserved_bytes += gk_counter_get(&c->rdma_reserved_bytes);
     for (int op = 1; op <= GK_OP_MAX; op++) {
         sum->ops[op] += gk_counter_get(&c->ops[op]);
         sum->keys[op] += gk_counter_get(&c->keys[op]);
@@ -79,6 +83,10 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     COUNTER_LINE(shm_leases);
     COUNTER_LINE(shm_lease_bytes);
     COUNTER_LINE(shm_leases_expired);
+    server_rdma_stats(s, t);
+    COUNTER_LINE(rdma_leases);
+    COUNTER_LINE(rdma_lease_bytes);
+    COUNTER_LINE(rdma_reserved_bytes);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         snprintf(name, sizeof name, "ops_%s", gk_op_name(op));
         gk_text_u64(t, name, sum.ops[op]);

@@ -63,7 +63,7 @@ void gk_text_init(struct gk_text *t, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
-static void append(struct gk_text *t, const char *fmt, ...)
+void gk_text_printf(struct gk_text *t, const char *fmt, ...)
 {
     if (t->len + 1 >= t->cap)
         return;
@@ -80,12 +80,12 @@ static void append(struct gk_text *t, const char *fmt, ...)
 
 void gk_text_u64(struct gk_text *t, const char *name, uint64_t value)
 {
-    append(t, "%s %llu\n", name, (unsigned long long)value);
+    gk_text_printf(t, "%s %llu\n", name, (unsigned long long)value);
 }
 
 void gk_text_latency(struct gk_text *t, const char *name, const struct gk_latency *l)
 {
-    append(t, "%s_count %llu\n%s_us_p50 %llu\n%s_us_p99 %llu\n%s_us_max %llu\n",
+    gk_text_printf(t, "%s_count %llu\n%s_us_p50 %llu\n%s_us_p99 %llu\n%s_us_max %llu\n",
            name, (unsigned long long)l->count,
            name, (unsigned long long)gk_latency_quantile(l, 0.50),
            name, (unsigned long long)gk_latency_quantile(l, 0.99),

@@ -47,6 +47,7 @@ struct gk_text {
 
 void gk_text_init(struct gk_text *t, char *buf, size_t cap);
 void gk_text_u64(struct gk_text *t, const char *name, uint64_t value);
+void gk_text_printf(struct gk_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends name_p50/_p99/_max (microseconds) and name_count. */
 void gk_text_latency(struct gk_text *t, const char *name, const struct gk_latency *l);
 /* Length of the text (NUL-terminated in buf when cap > 0). */

@@ -87,12 +87,19 @@ def test_bad_url(url):
         gdrkv.Client(url)
 
 
-@pytest.mark.parametrize("transport", ["rdma"])
-def test_unbuilt_transports_are_refused(transport, embedded):
-    with pytest.raises(ValueError, match=transport):
-        gdrkv.Client(embedded.url, transport=transport)
-    with pytest.raises(ValueError, match=transport):
-        gdrkv.Client(f"{embedded.url}?transport={transport}")
+def test_rdma_to_a_server_without_rdma_fails_its_keys():
+    # transport rdma never falls back to tcp: a server that has no rdma
+    # refuses RDMA_HELLO and every key fails as unavailable.
+    with gdrkv.Server(memory="64MiB", pretouch=False, unix_path="", rdma="off") as server, \
+            gdrkv.Client(f"{server.url}?transport=rdma", namespace=unique(),
+                         timeout_ms=2000) as client:
+        assert client.batch_put(["k"], [bytearray(4)], [4]) == [errors.E_UNAVAILABLE]
+        assert server.stats()["rdma_enabled"] == 0
+
+
+def test_unknown_transport_is_refused(embedded):
+    with pytest.raises(ValueError, match="transport must be one of"):
+        gdrkv.Client(embedded.url, transport="udp")
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp", "shm"])

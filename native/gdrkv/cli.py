@@ -40,7 +40,11 @@ def main(argv=None):
                             "/tmp/gdrkv-<uid>/<port>.sock, or $GDRKV_RUNTIME_DIR/<port>.sock; "
                             "'' turns shm off")
     serve.add_argument("--lease-timeout-ms", type=int, default=5000,
-                       help="longest an shm reader may hold objects it copies (default 5000)")
+                       help="longest an shm or rdma client may hold the objects it reads "
+                            "or the room it writes into (default 5000)")
+    serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
+                       help="serve rdma clients: auto when a device is there (default), on "
+                            "to require one")
     serve.set_defaults(run=_serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
@@ -72,7 +76,7 @@ def _serve(args):
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
                 max_connections=args.max_connections, unix_path=args.unix_path,
-                lease_timeout_ms=args.lease_timeout_ms) as server:
+                lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma) as server:
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
         print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{shm})",
               flush=True)

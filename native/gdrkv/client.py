@@ -27,8 +27,7 @@ _INT_OPTIONS = {
     "backoff_max_ms": (5000, 0),
 }
 # Transport names and their enum gdrkv_transport values.
-_TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
-_TRANSPORTS_NOT_BUILT = ("rdma",)
+_TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2, "rdma": 3}
 _OPTIONS = ("namespace", "transport", *_INT_OPTIONS)
 
 
@@ -294,9 +293,6 @@ def _resolve_options(given):
         raise ValueError(f"namespace must be a string of at most {_MAX_NAMESPACE} UTF-8 bytes "
                          "without NUL characters")
     transport = values["transport"]
-    if transport in _TRANSPORTS_NOT_BUILT:
-        raise ValueError(f"transport {transport!r} is not built yet; valid transports: "
-                         f"{', '.join(_TRANSPORTS)}")
     if transport not in _TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, not {transport!r}")
     for name in _INT_OPTIONS:

@@ -7,6 +7,7 @@ from ._native import ffi, lib
 from .errors import E_CLOSED, GdrkvError
 from .sizes import parse_size
 
+# hugepages and rdma: try, never, require.
 _HUGEPAGES = {"auto": -1, "off": 0, "on": 1}
 _ERRLEN = 512
 
@@ -27,14 +28,19 @@ class Server:
     ($GDRKV_RUNTIME_DIR/<port>.sock, else /tmp/gdrkv-<uid>/<port>.sock), ""
     turns shm off. An shm reader's lease on the objects it copies lasts at
     most lease_timeout_ms.
+
+    rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
+    or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.
     """
 
     def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
                  pretouch=True, high_watermark=0.95, low_watermark=0.90,
                  stall_timeout_ms=30000, max_connections=4096, unix_path=None,
-                 lease_timeout_ms=5000):
+                 lease_timeout_ms=5000, rdma="auto"):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
+        if rdma not in _HUGEPAGES:
+            raise ValueError(f"rdma must be one of {', '.join(_HUGEPAGES)}, not {rdma!r}")
         opts = ffi.new("gdrkv_server_opts *")
         lib.gdrkv_server_opts_init(opts)
         listen_c = ffi.new("char[]", listen.encode())
@@ -48,6 +54,7 @@ class Server:
             unix_path_c = ffi.new("char[]", unix_path.encode())
             opts.unix_path = unix_path_c
         opts.hugepages = _HUGEPAGES[hugepages]
+        opts.rdma = _HUGEPAGES[rdma]
         opts.pretouch = bool(pretouch)
         opts.high_watermark = high_watermark
         opts.low_watermark = low_watermark

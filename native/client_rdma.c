@@ -1,0 +1,431 @@
+/*
+ * client_rdma.c - see client_rdma.h.
+ */
+#include "client_rdma.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_chunks.h"
+#include "common.h"
+#include "gdrkv.h"
+#include "log.h"
+#include "net.h"
+#include "protocol.h"
+
+static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    unsigned long x = strtoul(v, NULL, 10);
+    return x < lo ? lo : x > hi ? hi : (uint32_t)x;
+}
+
+int client_rdma_init(struct client_rdma *r)
+{
+    memset(r, 0, sizeof *r);
+    r->qps_per_conn = env_u32("GDRKV_IB_QPS", 4, 1, 16);
+    r->sq_depth = env_u32("GDRKV_IB_SQ_DEPTH", 512, 2, 1u << 15);
+    return pthread_mutex_init(&r->lock, NULL) ? GDRKV_E_INTERNAL : 0;
+}
+
+#ifdef GDRKV_HAVE_VERBS
+#include "rdma_dev.h"
+#include "rdma_qp.h"
+
+/* ------------------------------------------------------------ device, MRs */
+
+void client_rdma_destroy(struct client_rdma *r)
+{
+    struct rdma_dev *d = r->dev;
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        d->ibv->dereg_mr(r->mrs[i].mr);
+        if (r->mrs[i].dmabuf_fd >= 0)
+            close(r->mrs[i].dmabuf_fd);
+    }
+    free(r->mrs);
+    if (d) {
+        rdma_dev_close(d);
+        free(d);
+    }
+    pthread_mutex_destroy(&r->lock);
+}
+
+static int ready_locked(struct client_rdma *r)
+{
+    if (r->state == 0) {
+        struct rdma_dev *d = calloc(1, sizeof *d);
+        int rc = d ? rdma_dev_open(d, NULL, r->why, sizeof r->why) : GDRKV_E_INTERNAL;
+        if (rc) {
+            free(d);
+            r->state = -1;
+            GK_INFO("rdma unavailable: %s", r->why);
+        } else {
+            r->dev = d;
+            r->state = 1;
+        }
+    }
+    return r->state == 1 ? 0 : GDRKV_E_UNAVAILABLE;
+}
+
+int client_rdma_ready(struct client_rdma *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int rc = ready_locked(r);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len)
+{
+    int access = IBV_ACCESS_LOCAL_WRITE;
+    /* Relaxed ordering lets the NIC reorder PCIe writes: much faster to
+     * GPUs behind some root complexes, and safe for one-sided data whose
+     * completion is what the reader waits for. Only asked for where the
+     * library knows the flag (ibv_reg_mr_iova2 came with it). */
+    if (d->ibv->reg_mr_iova2)
+        return d->ibv->reg_mr_iova2(d->pd, (void *)(uintptr_t)ptr, len, ptr,
+                                    (unsigned)(access | IBV_ACCESS_RELAXED_ORDERING));
+    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
+}
+
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
+{
+    int rc;
+    pthread_mutex_lock(&r->lock);
+    rc = ready_locked(r);
+    for (uint32_t i = 0; rc == 0 && i < r->nmrs; i++)
+        if (r->mrs[i].ptr == ptr && r->mrs[i].len == len)
+            goto out;   /* the MR cache: the same range again costs nothing */
+    if (rc == 0 && r->nmrs == r->cap) {
+        uint32_t cap = r->cap ? 2 * r->cap : 8;
+        struct client_mr *mrs = realloc(r->mrs, cap * sizeof *mrs);
+        if (!mrs)
+            rc = GDRKV_E_INTERNAL;
+        else
+            r->mrs = mrs, r->cap = cap;
+    }
+    if (rc == 0) {
+        struct rdma_dev *d = r->dev;
+        uint64_t t0 = gk_now_ns();
+        struct ibv_mr *mr = reg_host(d, ptr, len);
+        if (!mr) {
+            GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s",
+                    (unsigned long long)len, (unsigned long long)ptr, d->name, strerror(errno));
+            rc = errno == ENOMEM ? GDRKV_E_NO_SPACE : GDRKV_E_INVALID;
+        } else {
+            GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
+                     (unsigned long long)((gk_now_ns() - t0) / 1000));
+            r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
+                                                   .lkey = mr->lkey, .dmabuf_fd = -1};
+        }
+    }
+out:
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+void client_rdma_unregister(struct client_rdma *r, uint64_t ptr)
+{
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        if (r->mrs[i].ptr == ptr) {
+            ((struct rdma_dev *)r->dev)->ibv->dereg_mr(r->mrs[i].mr);
+            if (r->mrs[i].dmabuf_fd >= 0)
+                close(r->mrs[i].dmabuf_fd);
+            r->mrs[i] = r->mrs[--r->nmrs];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The lkey covering [ptr, ptr + len), under the lock. */
+static int lkey_of(struct client_rdma *r, uint64_t ptr, uint64_t len, uint32_t *lkey)
+{
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        const struct client_mr *m = &r->mrs[i];
+        if (ptr >= m->ptr && len <= m->len && ptr - m->ptr <= m->len - len) {
+            *lkey = m->lkey;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------ connections */
+
+struct client_rdma_conn {
+    struct client_rdma *owner;
+    struct rdma_qps qps;
+    struct rdma_region *regions;
+    uint32_t nregions;
+    uint64_t pool_size;
+    struct rdma_pieces pieces;
+    struct client_batch *batch;     /* of the run in progress, for failures */
+    const struct client_frame *frame;
+    uint8_t *flags;                 /* WRITE: the frame's commit flags */
+};
+
+/* The HELLO answer's body: the server's endpoint, then its regions. */
+static int take_answer(struct client_rdma_conn *rc, const uint8_t *body, size_t len,
+                       struct rdma_endpoint *peer)
+{
+    size_t used = rdma_endpoint_decode(body, len, peer);
+    if (!used || peer->nqps != rc->qps.n || peer->rd_atomic > rc->qps.rd_atomic ||
+        peer->sq_depth > rc->qps.sq_depth || peer->max_sge > rc->qps.max_sge)
+        return GDRKV_E_PROTOCOL;
+    rc->regions = calloc(RDMA_MAX_REGIONS, sizeof *rc->regions);
+    if (!rc->regions)
+        return GDRKV_E_INTERNAL;
+    int n = rdma_regions_decode(body + used, len - used, rc->regions, RDMA_MAX_REGIONS);
+    if (n <= 0)
+        return GDRKV_E_PROTOCOL;
+    rc->nregions = (uint32_t)n;
+    rc->pool_size = rc->regions[n - 1].pool_off + rc->regions[n - 1].len;
+    /* Granted, never more than asked: our send queues and SGE lists
+     * shrink to what the server accepted. */
+    rc->qps.sq_depth = peer->sq_depth;
+    rc->qps.max_sge = peer->max_sge;
+    return 0;
+}
+
+static int hello(struct client_rdma_conn *conn, int fd, uint64_t deadline_ns)
+{
+    struct rdma_dev *d = conn->owner->dev;
+    struct rdma_endpoint mine, peer;
+    uint8_t req[GK_HDR_SIZE + RDMA_ENDPOINT_MIN + RDMA_MAX_QPS * RDMA_QP_WIRE_SIZE];
+
+    rdma_qps_describe(d, &conn->qps, &mine);
+    size_t body_len = rdma_endpoint_encode(&mine, req + GK_HDR_SIZE);
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RDMA_HELLO,
+                       .body_len = (uint32_t)body_len, .req_id = 1};
+    gk_hdr_encode(&h, req);
+    int rc_io = gk_send_all(fd, req, GK_HDR_SIZE + body_len, deadline_ns);
+    if (rc_io == 0)
+        rc_io = gk_recv_all(fd, req, GK_HDR_SIZE, deadline_ns);
+    if (rc_io)
+        return rc_io;
+    gk_hdr_decode(req, &h);
+    if (h.magic != GK_MAGIC || h.opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) ||
+        h.req_id != 1 || h.body_len > GK_MAX_BODY || h.count || h.payload_len)
+        return GDRKV_E_PROTOCOL;
+    uint8_t *body = malloc(GK_MAX(h.body_len, 1u));
+    if (!body)
+        return GDRKV_E_INTERNAL;
+    int rc = gk_recv_all(fd, body, h.body_len, deadline_ns);
+    if (rc == 0 && h.status) {
+        GK_DEBUG("rdma hello refused (%s): %.*s", gdrkv_strerror(h.status),
+                 (int)GK_MIN(h.body_len, 200u), (const char *)body);
+        /* UNSUPPORTED: the server has no rdma, the socket is still fine. */
+        rc = h.status == GDRKV_E_UNSUPPORTED ? GDRKV_E_UNSUPPORTED : GDRKV_E_UNAVAILABLE;
+    }
+    if (rc == 0)
+        rc = take_answer(conn, body, h.body_len, &peer);
+    free(body);
+    if (rc == 0 && rdma_qps_connect(d, &conn->qps, &peer))
+        rc = GDRKV_E_UNAVAILABLE;
+    return rc;
+}
+
+int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
+                          struct client_rdma_conn **out)
+{
+    if (client_rdma_ready(r))
+        return GDRKV_E_UNSUPPORTED;
+    struct rdma_dev *d = r->dev;
+    struct client_rdma_conn *rc = calloc(1, sizeof *rc);
+    if (!rc)
+        return GDRKV_E_INTERNAL;
+    rc->owner = r;
+    uint32_t depth = GK_MIN(r->sq_depth, (uint32_t)GK_MAX(d->attr.max_qp_wr, 2));
+    uint32_t sge = GK_MIN(16u, (uint32_t)GK_MAX(d->attr.max_sge, 1));
+    if (rdma_qps_create(d, &rc->qps, r->qps_per_conn, depth, sge, 0)) {
+        free(rc);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    /* What we ask the server for: as many READs in flight per QP as our
+     * device can issue (it answers with what it can take, maybe fewer). */
+    rc->qps.rd_atomic = (uint32_t)GK_MAX(GK_MIN(d->attr.max_qp_init_rd_atom, 16), 1);
+    int err = hello(rc, fd, deadline_ns);
+    if (err) {
+        client_rdma_conn_close(rc);
+        return err;
+    }
+    *out = rc;
+    return 0;
+}
+
+void client_rdma_conn_close(struct client_rdma_conn *rc)
+{
+    if (!rc)
+        return;
+    struct rdma_dev *d = rc->owner->dev;
+    if (rc->qps.n || rc->qps.cq) {
+        /* Stop the NIC before anything it could still be moving is freed
+         * or handed back to the caller. */
+        rdma_qps_kill(d, &rc->qps);
+        rdma_qps_destroy(d, &rc->qps);
+    }
+    rdma_pieces_free(&rc->pieces);
+    free(rc->regions);
+    free(rc);
+}
+
+/* ------------------------------------------------------------ frames */
+
+int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
+                         const struct client_frame *f)
+{
+    struct client_rdma *r = rc->owner;
+    int ok = 1;
+    uint32_t lkey;
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t p = f->first; ok && p < f->first + f->count; p++) {
+        uint32_t i = b->index[p];
+        for (uint32_t s = 0; ok && s < b->seg_counts[i]; s++) {
+            uint64_t seg = b->first_seg[p] + s;
+            ok = b->seg_lens[seg] == 0 || lkey_of(r, b->seg_ptrs[seg], b->seg_lens[seg], &lkey) == 0;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (!ok)
+        __atomic_fetch_add(&r->fallback_frames, 1, __ATOMIC_RELAXED);
+    return ok;
+}
+
+/* The region of the server's pool holding [off, off + len). */
+static const struct rdma_region *region_of(const struct client_rdma_conn *rc, uint64_t off,
+                                           uint64_t len)
+{
+    uint32_t lo = 0, hi = rc->nregions;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const struct rdma_region *g = &rc->regions[mid];
+        if (off < g->pool_off)
+            hi = mid;
+        else if (off - g->pool_off >= g->len)
+            lo = mid + 1;
+        else
+            return len <= g->len - (off - g->pool_off) ? g : NULL;
+    }
+    return NULL;
+}
+
+/* A piece of the walk becomes one SGE-sized piece (or several, past the
+ * 1 GiB an SGE may carry). The caller holds the owner's lock (lkeys). */
+static int add_piece(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off, uint64_t len)
+{
+    struct client_rdma_conn *rc = arg;
+    const struct rdma_region *g = region_of(rc, pool_off, len);
+    struct rdma_piece piece = {.key = p};
+    if (!g || lkey_of(rc->owner, seg_addr, len, &piece.lkey))
+        return -1;
+    piece.rkey = g->rkey;
+    while (len > 0) {
+        piece.len = (uint32_t)GK_MIN(len, 1ull << 30);
+        piece.local = seg_addr;
+        piece.remote = g->addr + (pool_off - g->pool_off);
+        if (rdma_pieces_add(&rc->pieces, &piece))
+            return -1;
+        seg_addr += piece.len, pool_off += piece.len, len -= piece.len;
+    }
+    return 0;
+}
+
+static void fail_key(void *arg, uint32_t p, int err)
+{
+    struct client_rdma_conn *rc = arg;
+    struct client_batch *b = rc->batch;
+    if (rc->flags)
+        rc->flags[p - rc->frame->first] = 0;
+    b->results[b->index[p]] = err;
+}
+
+static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, size_t len,
+               struct client_batch *b, const struct client_frame *f, const uint8_t *listed,
+               const uint64_t *lens)
+{
+    struct client_rdma *r = rc->owner;
+    rdma_pieces_reset(&rc->pieces);
+    pthread_mutex_lock(&r->lock);
+    int rc_plan = client_chunks_walk(lists, len, rc->pool_size, b, f->first, f->count, listed,
+                                     lens, add_piece, rc);
+    pthread_mutex_unlock(&r->lock);
+    if (rc_plan)
+        return rc_plan == GDRKV_E_INTERNAL ? GDRKV_E_PROTOCOL : rc_plan;
+
+    struct rdma_post_stats st = {0};
+    rc->batch = b;
+    rc->frame = f;
+    int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
+    rc->flags = NULL;
+    __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->reads : &r->writes, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->wrs, st.wrs, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->posts, st.posts, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->completions, st.completions, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->bytes, st.bytes, __ATOMIC_RELAXED);
+    return err;
+}
+
+int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                     struct client_batch *b, const struct client_frame *f)
+{
+    return run(rc, IBV_WR_RDMA_READ, lists, len, b, f, NULL, b->got);
+}
+
+int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                      struct client_batch *b, const struct client_frame *f, uint8_t *flags)
+{
+    rc->flags = flags;
+    return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
+}
+
+#else /* built without verbs.h: never available */
+
+void client_rdma_destroy(struct client_rdma *r) { pthread_mutex_destroy(&r->lock); }
+
+int client_rdma_ready(struct client_rdma *r)
+{
+    snprintf(r->why, sizeof r->why, "built without rdma-core headers (libibverbs-dev)");
+    return GDRKV_E_UNAVAILABLE;
+}
+
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
+{
+    return client_rdma_ready(r);
+}
+
+void client_rdma_unregister(struct client_rdma *r, uint64_t ptr) {}
+
+int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
+                          struct client_rdma_conn **out)
+{
+    return GDRKV_E_UNSUPPORTED;
+}
+
+void client_rdma_conn_close(struct client_rdma_conn *rc) {}
+
+int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
+                         const struct client_frame *f)
+{
+    return 0;
+}
+
+int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                     struct client_batch *b, const struct client_frame *f)
+{
+    return GDRKV_E_INTERNAL;
+}
+
+int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                      struct client_batch *b, const struct client_frame *f, uint8_t *flags)
+{
+    return GDRKV_E_INTERNAL;
+}
+
+#endif

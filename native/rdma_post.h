@@ -1,0 +1,67 @@
+/*
+ * rdma_post.h - moving one frame's pieces with one-sided RDMA: READs from
+ * the server's pool into the caller's memory (GET) or WRITEs the other way
+ * (PUT), the verbs techniques of ANCHORS.md applied:
+ *
+ *   - a piece whose remote bytes continue the previous piece's becomes one
+ *     more SGE of the same work request (an object chunk spread over
+ *     several destination segments), up to the negotiated SGE limit;
+ *   - work requests are chained, RDMA_POST_CHAIN per ibv_post_send, one
+ *     doorbell per chain, spread round-robin over the connection's QPs;
+ *   - only one WR in sq_depth/2, and the last one of each QP, asks for a
+ *     completion; the send queue is never filled past its depth (a WR
+ *     holds its slot until a signalled WR after it completes);
+ *   - completions are busy-polled: the caller is waiting for them.
+ *
+ * An error completion fails the keys of every WR its QP had not yet seen
+ * confirmed, and no more WRs go to that QP; the caller then drops the
+ * connection, whose QPs are destroyed before its buffers are given back.
+ */
+#ifndef GDRKV_RDMA_POST_H
+#define GDRKV_RDMA_POST_H
+
+#include <stdint.h>
+
+#define RDMA_POST_CHAIN 32
+
+struct rdma_piece {
+    uint64_t local;             /* caller's address */
+    uint64_t remote;            /* server's address */
+    uint32_t len;
+    uint32_t lkey;
+    uint32_t rkey;
+    uint32_t key;               /* the batch position it belongs to */
+};
+
+/* A growable list, reused frame after frame by its connection. */
+struct rdma_pieces {
+    struct rdma_piece *list;
+    uint32_t count, cap;
+};
+
+int rdma_pieces_add(struct rdma_pieces *p, const struct rdma_piece *piece);
+void rdma_pieces_reset(struct rdma_pieces *p);
+void rdma_pieces_free(struct rdma_pieces *p);
+
+/* What a run did, for the client's counters. */
+struct rdma_post_stats {
+    uint64_t wrs, posts, completions, bytes;
+};
+
+#ifdef GDRKV_HAVE_VERBS
+#include "rdma_qp.h"
+
+/* Calls fail(arg, key, err) for each key that must fail. */
+typedef void (*rdma_fail_fn)(void *arg, uint32_t key, int err);
+
+/* Runs every piece (opcode IBV_WR_RDMA_READ or IBV_WR_RDMA_WRITE) and
+ * waits for it, until deadline_ns. Returns 0 when every WR was confirmed
+ * (some keys may have failed), GDRKV_E_TIMEOUT when the deadline came
+ * first (nothing is confirmed: the caller fails the frame and kills the
+ * QPs), or GDRKV_E_UNAVAILABLE when a QP broke (its keys failed). */
+int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
+                  uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
+                  struct rdma_post_stats *stats);
+#endif
+
+#endif
