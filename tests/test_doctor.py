@@ -406,10 +406,11 @@ def test_doctor_runs_the_self_test_when_rdma_is_there(tree, monkeypatch, capsys)
 def test_self_test_checks_and_sweep_over_tcp():
     """The self-test's body, over tcp (this build has no rdma): every check
     passes and the sweep measures every size."""
-    report = doctor_selftest.run(transport="tcp", server_options={}, runs=2)
+    report = doctor_selftest.run(transport="tcp", server_options={}, runs=2, gpu="off")
     assert report["ok"], report["checks"]
     assert len(report["checks"]) == 5
-    assert [row["size"] for row in report["sweep"]] == list(doctor_selftest.SWEEP_SIZES)
+    assert [(row["memory"], row["size"]) for row in report["sweep"]] == \
+        [("host", size) for size in doctor_selftest.SWEEP_SIZES]
     assert all(row["put_gbps"] > 0 and row["get_gbps"] > 0 and row["runs"] == 2
                for row in report["sweep"])
     text = doctor.render_self_test({"ran": True, **report})
@@ -427,7 +428,7 @@ def test_self_test_catches_a_corrupted_read(monkeypatch):
         return results
 
     monkeypatch.setattr(client_module.Client, "batch_get", corrupting_get)
-    report = doctor_selftest.run(transport="tcp", server_options={}, runs=1)
+    report = doctor_selftest.run(transport="tcp", server_options={}, runs=1, gpu="off")
     assert not report["ok"]
     failed = {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}
     assert any("differ" in detail for detail in failed.values()), report["checks"]
@@ -453,4 +454,4 @@ def test_self_test_over_softverbs(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     test = json.loads(result.stdout)["self_test"]
     assert test["ok"] and test["transport"] == "rdma", test
-    assert len(test["sweep"]) == 3
+    assert [r["size"] for r in test["sweep"] if r["memory"] == "host"] == [4096, 65536, 1 << 20]

@@ -416,8 +416,9 @@ def render_self_test(test):
     rows += [[c["name"], "ok" if c["ok"] else "FAILED", c["detail"]] for c in test["checks"]]
     body = _left_table(rows)
     if test["sweep"]:
-        sweep = [["object", "objects/batch", "runs", "WRITE (put) GB/s", "READ (get) GB/s"]]
-        sweep += [[format_size(r["size"]), str(r["objects"]), str(r["runs"]),
+        sweep = [["memory", "object", "objects/batch", "runs", "WRITE (put) GB/s",
+                  "READ (get) GB/s"]]
+        sweep += [[r["memory"], format_size(r["size"]), str(r["objects"]), str(r["runs"]),
                    f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}"] for r in test["sweep"]]
         body += "\n\nbandwidth, median of runs (one batch each way per run)\n"
         body += format_table(sweep)

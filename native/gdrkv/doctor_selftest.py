@@ -24,8 +24,9 @@ TIMEOUT_MS = 30000
 
 def run(transport="rdma", server_options=None, runs=5, gpu="auto"):
     """{"ok", "transport", "checks": [{"name", "ok", "detail"}], "sweep":
-    [{"size", "objects", "put_gbps", "get_gbps", ...}]}. Never raises for
-    a failure of gdrkv: a failure is a check that did not pass."""
+    [{"memory", "size", "objects", "put_gbps", "get_gbps", ...}]}. Never
+    raises for a failure of gdrkv: a failure is a check that did not pass.
+    gpu: "auto" (test GPU memory too when torch sees CUDA) or "off"."""
     report = {"ok": False, "transport": transport, "checks": [], "sweep": []}
     checks = report["checks"]
     options = {"rdma": "on"} if server_options is None else server_options
@@ -53,11 +54,13 @@ def run(transport="rdma", server_options=None, runs=5, gpu="auto"):
         with client:
             checks.append(_passed(f"connect a client with transport={transport}", ""))
             checks += _host_checks(client)
-            checks += _gpu_checks(client, gpu)
+            torch = _torch_cuda(gpu)
+            checks += _gpu_checks(client, torch)
+            memories = [_HostMemory()] + ([_GpuMemory(torch)] if torch else [])
             if all(c["ok"] for c in checks):
                 try:
-                    report["sweep"] = _sweep(client, runs)
-                except _Mismatch as e:
+                    report["sweep"] = _sweep(client, runs, memories)
+                except (_Mismatch, GdrkvError, ValueError) as e:
                     checks.append(_failed("bandwidth sweep", str(e)))
     report["ok"] = all(c["ok"] for c in checks)
     return report
@@ -206,26 +209,57 @@ def _missing(client):
     return ""
 
 
-def _gpu_checks(client, gpu):
+def _torch_cuda(gpu):
+    """torch when GPU memory can be tested (gpu "auto" and CUDA there), else None."""
     if gpu == "off":
-        return []
+        return None
     try:
         import torch
     except ImportError:
-        return []           # no torch: no way here to allocate GPU memory
-    if not torch.cuda.is_available():
+        return None         # no torch: no way here to allocate GPU memory
+    return torch if torch.cuda.is_available() else None
+
+
+def _gpu_checks(client, torch):
+    if torch is None:
         return []
     return [_check("GPU memory WRITE from and READ into cudaMalloc memory",
                    lambda: _roundtrip_gpu(client, torch))]
 
 
+class _HostMemory:
+    name = "host"
+
+    def buffers(self, src):
+        return src, bytearray(len(src))
+
+    def read_back(self, dst):
+        return dst
+
+
+class _GpuMemory:
+    name = "gpu"
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def buffers(self, src):
+        torch = self.torch
+        gpu_src = torch.frombuffer(src, dtype=torch.uint8).to("cuda")
+        gpu_dst = torch.zeros(len(src), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        return gpu_src, gpu_dst
+
+    def read_back(self, dst):
+        return bytearray(dst.cpu().tolist())
+
+
 def _roundtrip_gpu(client, torch):
     sizes = list(CHECK_SIZES)
     offsets, total = _layout(sizes)
+    memory = _GpuMemory(torch)
     src_host = _pattern(total, 3)
-    src = torch.frombuffer(src_host, dtype=torch.uint8).to("cuda")
-    dst = torch.zeros(total, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
+    src, dst = memory.buffers(src_host)
     src_base, dst_base = _registered(client, src), _registered(client, dst)
     try:
         keys = _keys("gpu", len(sizes))
@@ -233,7 +267,7 @@ def _roundtrip_gpu(client, torch):
                 [0] * len(sizes), "WRITE from GPU memory")
         _expect(client.batch_get(keys, [dst_base + o for o in offsets], sizes),
                 sizes, "READ into GPU memory")
-        _compare(src_host, bytearray(dst.cpu().tolist()), offsets, sizes)
+        _compare(src_host, memory.read_back(dst), offsets, sizes)
         client.batch_delete(keys)
     finally:
         client.unregister(src_base)
@@ -241,34 +275,41 @@ def _roundtrip_gpu(client, torch):
     return f"{total} bytes byte-exact on {torch.cuda.get_device_name()}"
 
 
-def _sweep(client, runs):
+def _sweep(client, runs, memories):
     rows = []
-    for size in SWEEP_SIZES:
-        n = max(1, SWEEP_BATCH_BYTES // size)
-        src, dst = _pattern(n * size, size), bytearray(n * size)
-        src_base, dst_base = _registered(client, src), _registered(client, dst)
-        ptrs = [i * size for i in range(n)]
-        put_s, get_s = [], []
-        try:
-            for run in range(max(1, runs)):
-                keys = _keys(f"sweep{size}", n)
-                t0 = time.perf_counter()
-                put = client.batch_put(keys, [src_base + p for p in ptrs], [size] * n)
-                t1 = time.perf_counter()
-                got = client.batch_get(keys, [dst_base + p for p in ptrs], [size] * n)
-                t2 = time.perf_counter()
-                _expect(put, [0] * n, f"sweep WRITE of {n} x {size}B")
-                _expect(got, [size] * n, f"sweep READ of {n} x {size}B")
-                if run == 0 and src != dst:
-                    raise _Mismatch(f"sweep READ of {n} x {size}B: bytes differ from those written")
-                put_s.append(t1 - t0)
-                get_s.append(t2 - t1)
-                client.batch_delete(keys)
-        finally:
-            client.unregister(src_base)
-            client.unregister(dst_base)
-        put_med, get_med = statistics.median(put_s), statistics.median(get_s)
-        rows.append({"size": size, "objects": n, "runs": len(put_s),
-                     "put_seconds": put_med, "get_seconds": get_med,
-                     "put_gbps": n * size / put_med / 1e9, "get_gbps": n * size / get_med / 1e9})
+    for memory in memories:
+        for size in SWEEP_SIZES:
+            rows.append(_sweep_one(client, runs, memory, size))
     return rows
+
+
+def _sweep_one(client, runs, memory, size):
+    n = max(1, SWEEP_BATCH_BYTES // size)
+    src_host = _pattern(n * size, size)
+    src, dst = memory.buffers(src_host)
+    src_base, dst_base = _registered(client, src), _registered(client, dst)
+    ptrs = [i * size for i in range(n)]
+    put_s, get_s = [], []
+    what = f"sweep over {memory.name} memory, {n} x {size}B"
+    try:
+        for run in range(max(1, runs)):
+            keys = _keys(f"sweep{size}", n)
+            t0 = time.perf_counter()
+            put = client.batch_put(keys, [src_base + p for p in ptrs], [size] * n)
+            t1 = time.perf_counter()
+            got = client.batch_get(keys, [dst_base + p for p in ptrs], [size] * n)
+            t2 = time.perf_counter()
+            _expect(put, [0] * n, f"{what}: WRITE")
+            _expect(got, [size] * n, f"{what}: READ")
+            if run == 0 and memory.read_back(dst) != src_host:
+                raise _Mismatch(f"{what}: the bytes READ differ from those written")
+            put_s.append(t1 - t0)
+            get_s.append(t2 - t1)
+            client.batch_delete(keys)
+    finally:
+        client.unregister(src_base)
+        client.unregister(dst_base)
+    put_med, get_med = statistics.median(put_s), statistics.median(get_s)
+    return {"memory": memory.name, "size": size, "objects": n, "runs": len(put_s),
+            "put_seconds": put_med, "get_seconds": get_med,
+            "put_gbps": n * size / put_med / 1e9, "get_gbps": n * size / get_med / 1e9}
