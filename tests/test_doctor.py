@@ -455,3 +455,14 @@ def test_self_test_over_softverbs(tmp_path):
     test = json.loads(result.stdout)["self_test"]
     assert test["ok"] and test["transport"] == "rdma", test
     assert [r["size"] for r in test["sweep"] if r["memory"] == "host"] == [4096, 65536, 1 << 20]
+
+
+def test_self_test_rendering_of_a_failure_and_of_rdma_counters():
+    test = {"ran": True, "ok": False, "transport": "rdma", "sweep": [],
+            "checks": [{"name": "host memory WRITE then READ", "ok": False,
+                        "detail": "object 2 differs"}],
+            "client_counters": {"rdma_post_calls": 3, "rdma_wrs": 96}}
+    text = doctor.render_self_test(test)
+    assert "host memory WRITE then READ  FAILED  object 2 differs" in text
+    assert "rdma_post_calls  3" in text and "rdma_wrs         96" in text
+    assert text.endswith("FAILED") and "bandwidth" not in text

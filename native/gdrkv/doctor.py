@@ -422,6 +422,10 @@ def render_self_test(test):
                    f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}"] for r in test["sweep"]]
         body += "\n\nbandwidth, median of runs (one batch each way per run)\n"
         body += format_table(sweep)
+    counters = test.get("client_counters")
+    if counters:
+        body += "\n\nthe client's rdma counters after the test\n" + _left_table(
+            [["counter", "value"]] + [[name, str(value)] for name, value in counters.items()])
     body += "\n\n" + ("passed" if test["ok"] else "FAILED")
     return _section(f"self-test (transport={test['transport']}, loopback)", body)
 

@@ -62,6 +62,10 @@ def run(transport="rdma", server_options=None, runs=5, gpu="auto"):
                     report["sweep"] = _sweep(client, runs, memories)
                 except (_Mismatch, GdrkvError, ValueError) as e:
                     checks.append(_failed("bandwidth sweep", str(e)))
+            # What the transport itself counted (work requests, posts,
+            # completions), when its client counters say.
+            report["client_counters"] = {name: value for name, value
+                                         in client.stats()["client"].items() if "rdma" in name}
     report["ok"] = all(c["ok"] for c in checks)
     return report
 
