@@ -4,7 +4,7 @@ import json
 import signal
 import sys
 
-from . import bench, doctor
+from . import bench, doctor, stat_nic
 from .client import Client
 from .errors import GdrkvError
 from .server import Server
@@ -48,8 +48,13 @@ def main(argv=None):
     serve.set_defaults(run=_serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
-    stat.add_argument("url", help="gdrkv://host:port[,host:port...]")
+    stat.add_argument("url", nargs="?",
+                      help="gdrkv://host:port[,host:port...] (optional with --nic)")
     stat.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stat.add_argument("--nic", action="store_true",
+                      help="also show each RDMA port's hardware counters (sysfs)")
+    stat.add_argument("--interval", type=float, default=0, metavar="S",
+                      help="with --nic: per-second rates from two samples S seconds apart")
     stat.set_defaults(run=_stat)
 
     bench_cmd = commands.add_parser("bench", help="measure put/get/exists throughput")
@@ -57,6 +62,7 @@ def main(argv=None):
     bench_cmd.set_defaults(run=bench.run)
 
     doctor_cmd = commands.add_parser("doctor", help="report what this machine offers gdrkv")
+    doctor.add_arguments(doctor_cmd)
     doctor_cmd.set_defaults(run=doctor.run)
 
     args = parser.parse_args(argv)
@@ -85,6 +91,14 @@ def _serve(args):
 
 
 def _stat(args):
+    if args.interval and not args.nic:
+        raise ValueError("--interval needs --nic")
+    if args.interval < 0:
+        raise ValueError(f"--interval must not be negative, not {args.interval}")
+    if args.nic:
+        return stat_nic.run(args, _table)
+    if not args.url:
+        raise ValueError("a server URL is needed (or --nic for the NIC counters alone)")
     with Client(args.url) as client:
         stats = client.stats()
     if args.json:
