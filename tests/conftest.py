@@ -21,6 +21,22 @@ from hypothesis import HealthCheck, settings
 import gdrkv
 import wire
 
+# The rdma transport runs over softverbs (the software libibverbs built with
+# the package) in every process of the suite: set before any client or
+# server loads libibverbs, which happens once per process. Servers started
+# by the tests inherit it and serve rdma (their default is rdma auto).
+try:
+    import gdrkv.softverbs
+    SOFTVERBS = gdrkv.softverbs.library_path()
+except (ImportError, OSError, RuntimeError):
+    SOFTVERBS = None
+if SOFTVERBS:
+    os.environ.setdefault("GDRKV_IBVERBS_LIB", SOFTVERBS)
+elif os.environ.get("GDRKV_REQUIRE_RDMA") == "1":
+    raise RuntimeError("GDRKV_REQUIRE_RDMA=1 but softverbs was not built "
+                       "(install libibverbs-dev and rebuild)")
+TRANSPORTS = ["tcp", "shm", "rdma"] if SOFTVERBS else ["tcp", "shm"]
+
 settings.register_profile(
     "gdrkv",
     deadline=None,

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+import conftest
 from conftest import batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
 from gdrkv import errors
 
@@ -58,7 +59,7 @@ def connections_settle(server):
              "the server to notice the clients closed their connections")
 
 
-TRANSPORTS = pytest.mark.parametrize("transport", ["tcp", "shm"])
+TRANSPORTS = pytest.mark.parametrize("transport", conftest.TRANSPORTS)
 
 
 @TRANSPORTS

@@ -1,5 +1,5 @@
 """Objects come back byte-exact, whatever their size, key or segmentation,
-and per-key errors stay per key: over both transports of a local server."""
+and per-key errors stay per key: over every transport of a local server."""
 import gc
 import mmap
 import weakref
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import engines
 import gdrkv
-from conftest import as_key_bytes, batch_get_bytes, batch_put_bytes, content, unique
+from conftest import TRANSPORTS, as_key_bytes, batch_get_bytes, batch_put_bytes, content, unique
 from gdrkv import errors
 
 SERVER_MEMORY = "256MiB"
@@ -21,9 +21,9 @@ GUARD = 16                      # bytes between segments that no transfer may to
 GUARD_BYTE = 0xEE
 
 
-@pytest.fixture(params=["tcp", "shm"])
+@pytest.fixture(params=TRANSPORTS)
 def client(server, make_client, request):
-    """Every test of this module runs over tcp and over shm."""
+    """Every test of this module runs over tcp, shm and rdma (softverbs)."""
     return make_client(server.url, namespace=unique("ns"), transport=request.param)
 
 
