@@ -202,7 +202,8 @@ int server_rdma_hello(struct server_conn *c)
         return no_rdma(c);
     if (c->rdma)
         return refuse(c, GDRKV_E_INVALID, "the connection already has QPs");
-    if (rdma_endpoint_decode(c->body, c->req.body_len, &peer) != c->req.body_len)
+    size_t used = rdma_endpoint_decode(c->body, c->req.body_len, &peer);
+    if (used == 0 || used != c->req.body_len)
         return refuse(c, GDRKV_E_PROTOCOL, "malformed rdma endpoint");
     if (peer.eth != r->dev.eth)
         return refuse(c, GDRKV_E_UNAVAILABLE, "link layers differ (IB vs RoCE)");

@@ -14,10 +14,14 @@ PYTHON=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every engine is installed below, so an engine test must run, not skip.
 export GDRKV_REQUIRE_ENGINES=1
+# Likewise softverbs: the rdma tests must run, not skip.
+export GDRKV_REQUIRE_RDMA=1
 
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
+# rdma-core's headers: the rdma transport and softverbs are built from them.
+[ -f /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${need_apt[*]}"
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -32,6 +32,9 @@ OP_CLEAR = 7
 OP_HELLO = 8        # shm transport: unix connections only
 OP_LEASE = 9
 OP_RELEASE = 10
+OP_RDMA_HELLO = 11  # rdma transport: QPs for the connection
+OP_RESERVE = 12
+OP_COMMIT = 13
 OP_RESPONSE = 0x80
 LEASE_OBJ_SIZE = 8
 LEASE_CHUNK_SIZE = 16
@@ -92,7 +95,7 @@ def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
     """A well-formed request frame. entries: (key bytes, size) pairs; keyed
     opcodes always get a body (CLEAR's has no entries)."""
     entries = list(entries)
-    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE)
+    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE, OP_RESERVE)
     body = encode_body(entries, ns) if keyed else b""
     hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
                  payload_len=len(payload), req_id=req_id)

@@ -1,0 +1,236 @@
+"""The rdma transport over softverbs, between real processes: what the
+verbs techniques must show (chained WRs, selective signalling, SGEs per
+multi-segment object), negotiation, the pool split at the largest MR, and
+failures (an error completion, a server killed mid-batch, bad RDMA_HELLO
+frames). The round-trip and concurrency suites also run over rdma."""
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+import gdrkv
+import wire
+from conftest import (SOFTVERBS, batch_get_bytes, batch_put_bytes, check_read, content, stat,
+                      unique)
+from gdrkv import errors
+
+pytestmark = pytest.mark.skipif(SOFTVERBS is None, reason="built without softverbs "
+                                "(no <infiniband/verbs.h>); run.sh requires it")
+
+IBV_WC_REM_ACCESS_ERR = 10
+
+
+class SoftverbsCounters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "post_send_calls", "post_recv_calls", "wrs_posted", "wrs_executed", "sges",
+        "completions", "cqes_polled", "poll_calls", "error_completions", "post_failures",
+        "cq_overflows")]
+
+
+def softverbs():
+    """This process's softverbs (the same library gdrkv loaded)."""
+    lib = ctypes.CDLL(SOFTVERBS)
+    lib.softverbs_inject_error.argtypes = [ctypes.c_uint64, ctypes.c_int]
+    return lib
+
+
+def counters():
+    c = SoftverbsCounters()
+    softverbs().softverbs_counters(ctypes.byref(c))
+    return c
+
+
+def rdma_client(make_client, server, **options):
+    options.setdefault("namespace", unique("rdma"))
+    return make_client(server.url, transport="rdma", **options)
+
+
+def client_stat(client, name):
+    return stat(client.stats()["client"], name)
+
+
+def test_server_serves_rdma_by_default(server):
+    stats = server.stats()
+    assert stat(stats, "rdma_enabled") == 1
+    assert stat(stats, "rdma_pool_mrs") == 1
+
+
+def test_get_chains_work_requests_and_signals_selectively(server, make_client):
+    """1024 objects in one frame: a handful of doorbells and completions,
+    not one of each per object."""
+    n, size = 1024, 4096
+    client = rdma_client(make_client, server, conns=1)
+    keys = [f"chain-{i}" for i in range(n)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * n
+
+    before, wrs0 = counters(), client_stat(client, "rdma_work_requests")
+    results, got = batch_get_bytes(client, keys, [size] * n)
+    after = counters()
+    for k, r, v in zip(keys, results, got):
+        check_read(k, size, r, v, allowed_errors=())
+    assert client_stat(client, "rdma_work_requests") - wrs0 == n
+    doorbells = after.post_send_calls - before.post_send_calls
+    completions = after.completions - before.completions
+    assert after.wrs_posted - before.wrs_posted == n
+    assert doorbells <= n // 32 + 4, f"{doorbells} post_send calls for {n} WRs"
+    assert completions <= 16, f"{completions} completions for {n} WRs"
+    assert after.error_completions == before.error_completions
+
+
+def test_multi_segment_objects_are_one_work_request_each(server, make_client):
+    """An object scattered over 4 segments is one READ with 4 SGEs."""
+    n, seg = 64, 1024
+    client = rdma_client(make_client, server, conns=1)
+    keys = [f"sge-{i}" for i in range(n)]
+    assert batch_put_bytes(client, keys, [content(k, 4 * seg) for k in keys]) == [0] * n
+    dest = np.zeros(n * 4 * (seg + 16), np.uint8)       # 16-byte gaps between segments
+    base, _ = client.register(dest)
+    try:
+        ptrs = [[base + (i * 4 + s) * (seg + 16) for s in range(4)] for i in range(n)]
+        before = counters()
+        results = client.batch_get(keys, ptrs, [[seg] * 4] * n)
+        after = counters()
+        assert results == [4 * seg] * n
+        for i, k in enumerate(keys):
+            got = b"".join(dest[p - base:p - base + seg].tobytes() for p in ptrs[i])
+            assert got == content(k, 4 * seg)
+            for p in ptrs[i]:
+                assert not dest[p - base + seg:p - base + seg + 16].any(), "a gap was written"
+        assert after.wrs_posted - before.wrs_posted == n
+        assert after.sges - before.sges == 4 * n
+    finally:
+        client.unregister(base)
+
+
+def test_unregistered_memory_goes_over_the_socket(server, make_client):
+    client = rdma_client(make_client, server)
+    key = unique("plain")
+    assert client.put(key, content(key, 10000)) is None
+    assert client.get(key) == content(key, 10000)     # bytes objects are not registered
+    assert client_stat(client, "rdma_fallback_frames") >= 2
+
+
+def test_read_depth_is_negotiated(server_factory, make_client, monkeypatch):
+    """A server whose device allows 2 READs in flight per QP answers with
+    2: the client never issues more (softverbs fails such READs)."""
+    monkeypatch.setenv("SOFTVERBS_MAX_QP_RD_ATOM", "2")
+    small = server_factory("64MiB")
+    monkeypatch.delenv("SOFTVERBS_MAX_QP_RD_ATOM")
+    client = rdma_client(make_client, small, conns=1)
+    keys = [f"depth-{i}" for i in range(256)]
+    assert batch_put_bytes(client, keys, [content(k, 8192) for k in keys]) == [0] * 256
+    results, got = batch_get_bytes(client, keys, [8192] * 256)
+    for k, r, v in zip(keys, results, got):
+        check_read(k, 8192, r, v, allowed_errors=())
+
+
+def test_pool_is_split_at_the_largest_mr(server_factory, make_client, monkeypatch):
+    monkeypatch.setenv("SOFTVERBS_MAX_MR_SIZE", str(8 << 20))
+    split = server_factory("64MiB")
+    monkeypatch.delenv("SOFTVERBS_MAX_MR_SIZE")
+    assert stat(split.stats(), "rdma_pool_mrs") == 8
+    client = rdma_client(make_client, split)
+    keys = [f"mr-{i}" for i in range(40)]
+    size = (1 << 20) + 4096                     # objects span slab pages
+    assert batch_put_bytes(client, keys, [content(k, size) for k in keys]) == [0] * 40
+    results, got = batch_get_bytes(client, keys, [size] * 40)
+    for k, r, v in zip(keys, results, got):
+        check_read(k, size, r, v, allowed_errors=())
+
+
+def test_error_completion_fails_only_its_keys(server, make_client):
+    """An injected remote-access error: the keys of that QP's unconfirmed
+    WRs fail, the others arrive intact, and the next call reconnects."""
+    n, size = 512, 4096
+    client = rdma_client(make_client, server, conns=1)
+    keys = [f"inject-{i}" for i in range(n)]
+    assert batch_put_bytes(client, keys, [content(k, size) for k in keys]) == [0] * n
+    softverbs().softverbs_inject_error(100, IBV_WC_REM_ACCESS_ERR)
+    results, got = batch_get_bytes(client, keys, [size] * n)
+    failed = [r for r in results if r < 0]
+    assert failed and set(failed) == {errors.E_PROTOCOL}
+    assert len(failed) < n
+    for k, r, v in zip(keys, results, got):
+        check_read(k, size, r, v, allowed_errors=(errors.E_PROTOCOL,))
+    results, got = batch_get_bytes(client, keys, [size] * n)
+    for k, r, v in zip(keys, results, got):
+        check_read(k, size, r, v, allowed_errors=())
+
+
+def test_put_error_completion_commits_only_written_keys(server, make_client):
+    n, size = 256, 4096
+    client = rdma_client(make_client, server, conns=1)
+    keys = [unique("wfail") for _ in range(n)]
+    softverbs().softverbs_inject_error(10, IBV_WC_REM_ACCESS_ERR)
+    results = batch_put_bytes(client, keys, [content(k, size) for k in keys])
+    failed = {k for k, r in zip(keys, results) if r < 0}
+    assert failed and len(failed) < n
+    assert all(r in (0, errors.E_PROTOCOL) for r in results)
+    # What failed is not stored (its bytes may be partial); the rest is.
+    sizes = client.batch_sizes(keys)
+    for k, s in zip(keys, sizes):
+        assert s == (errors.E_NOT_FOUND if k in failed else size), k
+
+
+def test_server_killed_mid_batch(server_factory, make_client):
+    victim = server_factory("256MiB")
+    client = rdma_client(make_client, victim, timeout_ms=5000)
+    n, size = 128, 1 << 20
+    keys = [f"kill-{i}" for i in range(n)]
+    assert batch_put_bytes(client, keys, [content(k, size) for k in keys]) == [0] * n
+    outcome = {}
+
+    def read():
+        outcome["results"], outcome["values"] = batch_get_bytes(client, keys, [size] * n)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    victim.kill()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "the batch did not end after the server died"
+    for k, r, v in zip(keys, outcome["results"], outcome["values"]):
+        check_read(k, size, r, v,
+                   allowed_errors=(errors.E_UNAVAILABLE, errors.E_TIMEOUT, errors.E_PROTOCOL))
+    victim.restart()
+    fresh = rdma_client(make_client, victim, backoff_max_ms=100)
+    key = unique("after")
+    assert batch_put_bytes(fresh, [key], [content(key, 4096)]) == [0]
+
+
+def test_bad_rdma_hello_frames_are_refused(server):
+    """Malformed endpoints get a clear error; the server stays up."""
+    bad_bodies = [b"", b"\x00" * 39, b"\x07" + b"\x00" * 39, b"\xff" * 4096]
+    for body in bad_bodies:
+        with wire.connect(server.address) as conn:
+            conn.send(wire.Header(opcode=wire.OP_RDMA_HELLO, body_len=len(body)).pack() + body)
+            hdr, resp, _ = conn.read_frame()
+            assert hdr.status == errors.E_PROTOCOL, body[:8]
+            assert b"endpoint" in resp
+    with wire.connect(server.address) as conn:
+        # LEASE, RESERVE and COMMIT need QPs on the connection first.
+        for op in (wire.OP_LEASE, wire.OP_RESERVE, wire.OP_COMMIT):
+            hdr, _, _ = conn.call(op, [(b"k", 8)] if op != wire.OP_COMMIT else ())
+            assert hdr.status == errors.E_UNSUPPORTED
+    assert server.alive
+
+
+def test_hca_filter_that_excludes_every_device(monkeypatch):
+    monkeypatch.setenv("GDRKV_IB_HCA", "^softverbs")
+    with pytest.raises(gdrkv.GdrkvError, match="GDRKV_IB_HCA"):
+        gdrkv.Server(memory="16MiB", pretouch=False, unix_path="", rdma="on")
+    monkeypatch.setenv("GDRKV_IB_HCA", "=softverbs0:1")
+    with gdrkv.Server(memory="16MiB", pretouch=False, unix_path="", rdma="on") as s:
+        assert s.stats()["rdma_enabled"] == 1
+
+
+def test_rdma_report_names_the_device():
+    from gdrkv._native import ffi, lib
+    buf = ffi.new("char[]", 8192)
+    assert lib.gdrkv_rdma_report(buf, 8192) > 0
+    report = dict(line.split(" ", 1) for line in ffi.string(buf).decode().splitlines())
+    assert report["rdma_available"] == "1"
+    assert report["device"] == "softverbs0"
+    assert report["device.softverbs0.port.1.state"] == "ACTIVE"
+    assert int(report["device.softverbs0.max_qp_rd_atom"]) >= 1
