@@ -11,6 +11,8 @@
  * on. The registry lives in a private directory (SOFTVERBS_DIR).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,7 +245,7 @@ static void responder_start(struct responder *r, const struct resp_opts *o, stru
     connect_qp(e->qp, r->info.qpn, r->info.lid, max_rd, 16);
 }
 
-__attribute__((unused)) static void responder_cmd(struct responder *r, char cmd)
+static void responder_cmd(struct responder *r, char cmd)
 {
     xwrite(r->to, &cmd, 1);
     char c;
@@ -300,7 +302,7 @@ static enum ibv_wc_status one(struct ep *e, enum ibv_wr_opcode op, uint64_t ladd
     return wc.status;
 }
 
-__attribute__((unused)) static enum ibv_qp_state qp_state(struct ibv_qp *qp)
+static enum ibv_qp_state qp_state(struct ibv_qp *qp)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
@@ -341,6 +343,775 @@ static void pair_stop(struct pair *p)
     responder_stop(&p->r);
     ep_close(&p->e);
     free(p->lbuf);
+}
+
+/* ------------------------------------------------- post-time failures */
+
+static void test_post_not_rts(void)
+{
+    uint8_t *b = local_buf();
+    struct ep e;
+    ep_open(&e, &DEFAULT_OPTS, b, LSIZE, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_sge sge = {(uintptr_t)b, 64, e.mr->lkey};
+    struct ibv_send_wr w = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, 0x1000, 1, 1), *bad = NULL;
+    softverbs_reset_counters();
+    CHECK_EQ(ibv_post_send(e.qp, &w, &bad), EINVAL);            /* RESET */
+    CHECK(bad == &w, "bad_wr");
+    CHECK_EQ(to_init(e.qp, 0), 0);
+    bad = NULL;
+    CHECK_EQ(ibv_post_send(e.qp, &w, &bad), EINVAL);            /* INIT */
+    CHECK(bad == &w, "bad_wr");
+    CHECK_EQ(to_rtr(e.qp, 0x4001, 1, 1), 0);
+    CHECK_EQ(ibv_post_send(e.qp, &w, &bad), EINVAL);            /* RTR */
+    struct softverbs_counters c = counters();
+    CHECK_EQ(c.post_send_calls, 3);
+    CHECK_EQ(c.post_failures, 3);
+    CHECK_EQ(c.wrs_posted, 0);
+    ep_close(&e);
+    free(b);
+}
+
+static void test_post_bad_wr(void)
+{
+    struct pair p;
+    struct ep_opts o = DEFAULT_OPTS;
+    o.max_send_sge = 2;
+    pair_start_opts(&p, &o, &RESP_DEFAULT, 16);
+    struct ibv_sge sge[3];
+    for (int i = 0; i < 3; i++)
+        sge[i] = (struct ibv_sge){(uintptr_t)p.lbuf + (uint64_t)i * 64, 64, p.e.mr->lkey};
+    struct ibv_send_wr ok = wr_rdma(IBV_WR_RDMA_READ, sge, 2, p.r.info.addr, p.r.info.rkey, 1);
+    struct ibv_send_wr w = wr_rdma(IBV_WR_RDMA_READ, sge, 3, p.r.info.addr, p.r.info.rkey, 1);
+    struct ibv_send_wr *bad = NULL;
+    /* num_sge above max_send_sge: the WRs before it stay posted. */
+    ok.next = &w;
+    CHECK_EQ(ibv_post_send(p.e.qp, &ok, &bad), EINVAL);
+    CHECK(bad == &w, "bad_wr is the 3-SGE WR");
+    ok.next = NULL;
+    /* Opcodes the transport never uses. */
+    enum ibv_wr_opcode ops[] = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM,
+                                IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD,
+                                IBV_WR_LOCAL_INV, (enum ibv_wr_opcode)77};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        w = wr_rdma(ops[i], sge, 1, p.r.info.addr, p.r.info.rkey, 1);
+        CHECK_EQ(ibv_post_send(p.e.qp, &w, &bad), EINVAL);
+        CHECK(bad == &w, "bad_wr");
+    }
+    w = wr_rdma(IBV_WR_RDMA_READ, sge, -1, p.r.info.addr, p.r.info.rkey, 1);
+    CHECK_EQ(ibv_post_send(p.e.qp, &w, &bad), EINVAL);
+    w = wr_rdma(IBV_WR_RDMA_READ, NULL, 1, p.r.info.addr, p.r.info.rkey, 1);
+    CHECK_EQ(ibv_post_send(p.e.qp, &w, &bad), EINVAL);
+    w = wr_rdma(IBV_WR_RDMA_READ, sge, 1, p.r.info.addr, p.r.info.rkey, 1);
+    w.send_flags |= IBV_SEND_INLINE;                            /* inline READ */
+    CHECK_EQ(ibv_post_send(p.e.qp, &w, &bad), EINVAL);
+    /* Only the first, valid WR was posted. */
+    struct ibv_wc wc[4];
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 4, wc), 1);
+    CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+    pair_stop(&p);
+}
+
+/* Unsignalled WRs keep their send-queue slots until a signalled completion
+ * at or after them is polled. */
+static void test_sq_overflow(void)
+{
+    struct pair p;
+    struct ep_opts o = DEFAULT_OPTS;
+    o.max_send_wr = 8;
+    pair_start_opts(&p, &o, &RESP_DEFAULT, 16);
+    struct ibv_sge sge = {(uintptr_t)p.lbuf, 64, p.e.mr->lkey};
+    struct ibv_send_wr w[9], *bad = NULL;
+    for (int i = 0; i < 9; i++) {
+        w[i] = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, p.r.info.addr + (uint64_t)i, p.r.info.rkey, 0);
+        w[i].next = i < 8 ? &w[i + 1] : NULL;
+    }
+    softverbs_reset_counters();
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), ENOMEM);
+    CHECK(bad == &w[8], "the 9th WR does not fit");
+    /* Executed, but nothing signalled: the slots stay taken. */
+    struct ibv_wc wc[8];
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), 0);
+    w[8].next = NULL;
+    CHECK_EQ(ibv_post_send(p.e.qp, &w[8], &bad), ENOMEM);
+    struct softverbs_counters c = counters();
+    CHECK_EQ(c.wrs_posted, 8);
+    CHECK_EQ(c.wrs_executed, 8);
+    CHECK_EQ(c.post_failures, 2);
+    pair_stop(&p);
+
+    /* 7 unsignalled + 1 signalled: polling that one frees all 8. */
+    pair_start_opts(&p, &o, &RESP_DEFAULT, 16);
+    sge = (struct ibv_sge){(uintptr_t)p.lbuf, 64, p.e.mr->lkey};
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 8; i++) {
+            w[i] = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, p.r.info.addr, p.r.info.rkey, i == 7);
+            w[i].next = i < 7 ? &w[i + 1] : NULL;
+        }
+        CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+        CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), 1);
+    }
+    pair_stop(&p);
+}
+
+static void test_post_recv(void)
+{
+    uint8_t *b = local_buf();
+    struct ep e;
+    struct ep_opts o = DEFAULT_OPTS;
+    o.max_recv_wr = 2;
+    ep_open(&e, &o, b, LSIZE, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_sge sge = {(uintptr_t)b, 64, e.mr->lkey};
+    struct ibv_recv_wr r[3] = {{.wr_id = 1, .sg_list = &sge, .num_sge = 1},
+                               {.wr_id = 2, .sg_list = &sge, .num_sge = 1},
+                               {.wr_id = 3, .sg_list = &sge, .num_sge = 1}};
+    r[0].next = &r[1];
+    r[1].next = &r[2];
+    struct ibv_recv_wr *bad = NULL;
+    CHECK_EQ(ibv_post_recv(e.qp, r, &bad), EINVAL);             /* RESET */
+    CHECK(bad == &r[0], "bad_wr");
+    CHECK_EQ(to_init(e.qp, 0), 0);
+    CHECK_EQ(ibv_post_recv(e.qp, r, &bad), ENOMEM);             /* depth 2 */
+    CHECK(bad == &r[2], "bad_wr");
+    r[2].num_sge = 2;
+    r[2].next = NULL;
+    CHECK_EQ(ibv_post_recv(e.qp, &r[2], &bad), EINVAL);         /* max_recv_sge 1 */
+    /* In ERR the receives complete as flushed. */
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);
+    struct ibv_wc wc[4];
+    CHECK_EQ(ibv_poll_cq(e.cq, 4, wc), 2);
+    CHECK(wc[0].wr_id == 1 && wc[1].wr_id == 2, "flushed in order");
+    CHECK(wc[0].status == IBV_WC_WR_FLUSH_ERR && wc[0].opcode == IBV_WC_RECV, "flush");
+    ep_close(&e);
+    free(b);
+}
+
+/* -------------------------------------------------- error completions */
+
+static void expect_error(struct pair *p, enum ibv_wr_opcode op, uint64_t laddr, uint32_t len,
+                         uint32_t lkey, uint64_t raddr, uint32_t rkey, enum ibv_wc_status want)
+{
+    enum ibv_wc_status st = one(&p->e, op, laddr, len, lkey, raddr, rkey);
+    CHECK(st == want, "status %s, expected %s", ibv_wc_status_str(st), ibv_wc_status_str(want));
+    CHECK_EQ(qp_state(p->e.qp), IBV_QPS_ERR);
+}
+
+/* Each case on a fresh pair: the error leaves the QP in ERR. */
+#define ERROR_CASE(op, laddr, len, lkey, raddr, rkey, want)                    \
+    do {                                                                       \
+        struct pair p_;                                                        \
+        pair_start(&p_);                                                       \
+        struct pair *p = &p_;                                                  \
+        expect_error(p, op, laddr, len, lkey, raddr, rkey, want);              \
+        pair_stop(p);                                                          \
+    } while (0)
+
+#define L(p) ((uintptr_t)(p)->lbuf)
+#define R(p) ((p)->r.info.addr)
+
+static void test_local_protection(void)
+{
+    /* Unknown lkey, lkey off by a generation. */
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, 0x12345678, R(p), p->r.info.rkey, IBV_WC_LOC_PROT_ERR);
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey + (1u << 16), R(p), p->r.info.rkey,
+               IBV_WC_LOC_PROT_ERR);
+    /* Local range past either end of the MR. */
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p) + LSIZE - 10, 64, p->e.mr->lkey, R(p), p->r.info.rkey,
+               IBV_WC_LOC_PROT_ERR);
+    ERROR_CASE(IBV_WR_RDMA_WRITE, L(p) - 1, 64, p->e.mr->lkey, R(p), p->r.info.rkey,
+               IBV_WC_LOC_PROT_ERR);
+    /* The responder's key is no lkey of ours (another process's MR). */
+    ERROR_CASE(IBV_WR_RDMA_WRITE, R(p), 64, p->r.info.rkey, R(p), p->r.info.rkey,
+               IBV_WC_LOC_PROT_ERR);
+
+    /* An MR of another PD, and a READ into an MR without LOCAL_WRITE. */
+    struct pair p;
+    pair_start(&p);
+    struct ibv_mr *other_pd = ibv_reg_mr(p.e.pd2, p.lbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(other_pd, "mr");
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, other_pd->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_LOC_PROT_ERR);
+    CHECK_EQ(ibv_dereg_mr(other_pd), 0);
+    pair_stop(&p);
+
+    pair_start(&p);
+    struct ibv_mr *ro = ibv_reg_mr(p.e.pd, p.lbuf, 4096, 0);
+    CHECK(ro, "mr");
+    /* A WRITE only reads local memory: fine without LOCAL_WRITE. */
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_WRITE, L(&p), 64, ro->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, ro->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_LOC_PROT_ERR);
+    CHECK_EQ(ibv_dereg_mr(ro), 0);
+    pair_stop(&p);
+}
+
+static void test_remote_access(void)
+{
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey, R(p), 0x7777, IBV_WC_REM_ACCESS_ERR);
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey, R(p), p->r.info.rkey ^ (1u << 20),
+               IBV_WC_REM_ACCESS_ERR);
+    /* Past the end, before the start, a length that wraps. */
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey, R(p) + RSIZE - 63, p->r.info.rkey,
+               IBV_WC_REM_ACCESS_ERR);
+    ERROR_CASE(IBV_WR_RDMA_WRITE, L(p), 64, p->e.mr->lkey, R(p) - 64, p->r.info.rkey,
+               IBV_WC_REM_ACCESS_ERR);
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey, UINT64_MAX - 10, p->r.info.rkey,
+               IBV_WC_REM_ACCESS_ERR);
+    /* An MR of another PD than the responder QP's. */
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p), 64, p->e.mr->lkey, R(p), p->r.info.rkey_other_pd,
+               IBV_WC_REM_ACCESS_ERR);
+    /* Our own MR's key used as rkey: not the responder's. */
+    ERROR_CASE(IBV_WR_RDMA_READ, L(p) + 4096, 64, p->e.mr->lkey, L(p), p->e.mr->rkey,
+               IBV_WC_REM_ACCESS_ERR);
+    /* A read-only MR: READ fine, WRITE refused. */
+    ERROR_CASE(IBV_WR_RDMA_WRITE, L(p), 64, p->e.mr->lkey, R(p), p->r.info.rkey_ro,
+               IBV_WC_REM_ACCESS_ERR);
+    struct pair p;
+    pair_start(&p);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey_ro),
+             IBV_WC_SUCCESS);
+    pair_stop(&p);
+
+    /* MR without REMOTE_READ; responder QP without REMOTE_WRITE. */
+    struct resp_opts ro = RESP_DEFAULT;
+    ro.mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 16);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_WRITE, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_REM_ACCESS_ERR);
+    pair_stop(&p);
+    ro = RESP_DEFAULT;
+    ro.qp_access = IBV_ACCESS_REMOTE_READ;
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 16);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    expect_error(&p, IBV_WR_RDMA_WRITE, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_REM_ACCESS_ERR);
+    pair_stop(&p);
+}
+
+static void test_stale_rkey(void)
+{
+    struct pair p;
+    pair_start(&p);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    responder_cmd(&p.r, CMD_DEREG);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_REM_ACCESS_ERR);
+    pair_stop(&p);
+
+    /* Our own lkey after dereg: the slot may be reused, the key is not. */
+    pair_start(&p);
+    struct ibv_mr *mr = ibv_reg_mr(p.e.pd, p.lbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    uint32_t old = mr->lkey;
+    CHECK_EQ(ibv_dereg_mr(mr), 0);
+    mr = ibv_reg_mr(p.e.pd, p.lbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr->lkey != old, "a new key");
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, old, R(&p), p.r.info.rkey, IBV_WC_LOC_PROT_ERR);
+    CHECK_EQ(ibv_dereg_mr(mr), 0);
+    pair_stop(&p);
+}
+
+static void test_rd_atomic(void)
+{
+    /* Our max_rd_atomic 8 against the responder's max_dest_rd_atomic 4. */
+    struct pair p;
+    struct resp_opts ro = RESP_DEFAULT;
+    ro.max_dest_rd = 4;
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 8);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_WRITE, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);           /* WRITEs take no read resources */
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_REM_INV_REQ_ERR);
+    pair_stop(&p);
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 4);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    pair_stop(&p);
+}
+
+static void test_responder_gone(void)
+{
+    /* Its QP destroyed. */
+    struct pair p;
+    pair_start(&p);
+    responder_cmd(&p.r, CMD_DESTROY_QP);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_RETRY_EXC_ERR);
+    pair_stop(&p);
+
+    /* Its process dead (killed, reaped). */
+    pair_start(&p);
+    kill(p.r.pid, SIGKILL);
+    CHECK(waitpid(p.r.pid, NULL, 0) == p.r.pid, "waitpid");
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_RETRY_EXC_ERR);
+    close(p.r.to);
+    close(p.r.from);
+    munmap(p.r.buf, RSIZE);
+    ep_close(&p.e);
+    free(p.lbuf);
+
+    /* Its QP left in INIT. */
+    struct resp_opts ro = RESP_DEFAULT;
+    ro.stop_at_init = 1;
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 16);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_RETRY_EXC_ERR);
+    pair_stop(&p);
+
+    /* Its QP connected to another QPN. */
+    ro = RESP_DEFAULT;
+    ro.connect_elsewhere = 1;
+    pair_start_opts(&p, &DEFAULT_OPTS, &ro, 16);
+    expect_error(&p, IBV_WR_RDMA_WRITE, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_RETRY_EXC_ERR);
+    pair_stop(&p);
+
+    /* Our AV names another LID. */
+    p.lbuf = local_buf();
+    ep_open(&p.e, &DEFAULT_OPTS, p.lbuf, LSIZE, IBV_ACCESS_LOCAL_WRITE);
+    responder_start(&p.r, &RESP_DEFAULT, &p.e, 16);
+    CHECK_EQ(ibv_modify_qp(p.e.qp, &(struct ibv_qp_attr){.qp_state = IBV_QPS_RESET}, IBV_QP_STATE), 0);
+    CHECK_EQ(to_init(p.e.qp, 0), 0);
+    CHECK_EQ(to_rtr(p.e.qp, p.r.info.qpn, (uint16_t)(p.r.info.lid % 0xbffe + 1), 1), 0);
+    CHECK_EQ(to_rts(p.e.qp, 1), 0);
+    expect_error(&p, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey,
+                 IBV_WC_RETRY_EXC_ERR);
+    pair_stop(&p);
+}
+
+/* An error completion moves the QP to ERR; what follows is flushed, and
+ * both are reported although unsignalled. */
+static void test_error_flush(void)
+{
+    struct pair p;
+    pair_start(&p);
+    struct ibv_sge sge = {L(&p), 64, p.e.mr->lkey};
+    struct ibv_send_wr w[4], *bad;
+    for (int i = 0; i < 4; i++) {
+        w[i] = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, R(&p) + (uint64_t)i, p.r.info.rkey, 0);
+        w[i].next = i < 3 ? &w[i + 1] : NULL;
+    }
+    w[1].wr.rdma.rkey = 0x4242;
+    softverbs_reset_counters();
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+    struct ibv_wc wc[8];
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), 3);
+    CHECK(wc[0].wr_id == R(&p) + 1 && wc[0].status == IBV_WC_REM_ACCESS_ERR, "the error");
+    CHECK(wc[1].wr_id == R(&p) + 2 && wc[1].status == IBV_WC_WR_FLUSH_ERR, "flush");
+    CHECK(wc[2].wr_id == R(&p) + 3 && wc[2].status == IBV_WC_WR_FLUSH_ERR, "flush");
+    CHECK_EQ(qp_state(p.e.qp), IBV_QPS_ERR);
+    /* Posting in ERR is accepted; the WR is flushed, nothing moves. */
+    memset(p.lbuf, 0xee, 64);
+    w[0].next = NULL;
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), 1);
+    CHECK_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    CHECK_EQ(p.lbuf[0], 0xee);
+    struct softverbs_counters c = counters();
+    CHECK_EQ(c.wrs_posted, 5);
+    CHECK_EQ(c.wrs_executed, 2);
+    CHECK_EQ(c.completions, 4);
+    CHECK_EQ(c.error_completions, 4);
+
+    /* RESET, then connected again, works again. */
+    CHECK_EQ(ibv_modify_qp(p.e.qp, &(struct ibv_qp_attr){.qp_state = IBV_QPS_RESET}, IBV_QP_STATE), 0);
+    connect_qp(p.e.qp, p.r.info.qpn, p.r.info.lid, 16, 16);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    CHECK(memcmp(p.lbuf, p.r.buf, 64) == 0, "bytes after reconnect");
+    pair_stop(&p);
+}
+
+static void test_cq_overflow(void)
+{
+    struct pair p;
+    struct ep_opts o = DEFAULT_OPTS;
+    o.cqe = 4;
+    pair_start_opts(&p, &o, &RESP_DEFAULT, 16);
+    struct ibv_sge sge = {L(&p), 64, p.e.mr->lkey};
+    struct ibv_send_wr w[5], *bad;
+    /* 4 signalled fit the CQ. */
+    for (int i = 0; i < 5; i++) {
+        w[i] = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, R(&p), p.r.info.rkey, 1);
+        w[i].next = i < 3 ? &w[i + 1] : NULL;
+    }
+    struct ibv_wc wc[8];
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 1, wc), 1);
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), 3);
+    /* 5 do not. */
+    w[3].next = &w[4];
+    softverbs_reset_counters();
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), -1);
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 8, wc), -1);                   /* for good */
+    CHECK_EQ(counters().cq_overflows, 1);
+    pair_stop(&p);
+}
+
+static void test_inject_error(void)
+{
+    struct pair p;
+    pair_start(&p);
+    struct ibv_sge sge = {L(&p), 64, p.e.mr->lkey};
+    struct ibv_send_wr w[3], *bad;
+    for (int i = 0; i < 3; i++) {
+        w[i] = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, R(&p) + (uint64_t)i, p.r.info.rkey, 1);
+        w[i].next = i < 2 ? &w[i + 1] : NULL;
+    }
+    softverbs_inject_error(1, IBV_WC_REM_OP_ERR);
+    CHECK_EQ(ibv_post_send(p.e.qp, w, &bad), 0);
+    struct ibv_wc wc[4];
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 4, wc), 3);
+    CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+    CHECK_EQ(wc[1].status, IBV_WC_REM_OP_ERR);
+    CHECK_EQ(wc[2].status, IBV_WC_WR_FLUSH_ERR);
+    pair_stop(&p);
+    /* It fires once. */
+    pair_start(&p);
+    CHECK_EQ(one(&p.e, IBV_WR_RDMA_READ, L(&p), 64, p.e.mr->lkey, R(&p), p.r.info.rkey),
+             IBV_WC_SUCCESS);
+    pair_stop(&p);
+}
+
+/* Two QPs of one process connected to each other (max_rd_atomic 4). */
+static void loop_open(struct ep *x, struct ep *y, uint8_t *a, uint8_t *b, const struct ep_opts *o)
+{
+    unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    ep_open(x, o, a, LSIZE, (int)all);
+    ep_open(y, o, b, LSIZE, (int)all);
+    connect_qp(x->qp, y->qp->qp_num, y->lid, 4, 4);
+    connect_qp(y->qp, x->qp->qp_num, x->lid, 4, 4);
+}
+
+/* Destroying a QP drops its queued WRs and its completions still in the
+ * CQ: nothing moves, nothing is reported. */
+static void test_destroy_drops(void)
+{
+    struct pair p;
+    pair_start(&p);
+    struct ibv_sge sge = {L(&p), 64, p.e.mr->lkey};
+    struct ibv_send_wr w = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, R(&p), p.r.info.rkey, 1), *bad;
+    CHECK_EQ(ibv_post_send(p.e.qp, &w, &bad), 0);
+    CHECK_EQ(ibv_destroy_qp(p.e.qp), 0);
+    struct ibv_wc wc;
+    CHECK_EQ(ibv_poll_cq(p.e.cq, 1, &wc), 0);
+    CHECK_EQ(p.lbuf[0], 0xee);
+    struct ibv_qp_init_attr ia = {.send_cq = p.e.cq, .recv_cq = p.e.cq, .qp_type = IBV_QPT_RC,
+                                  .cap = {16, 1, 1, 1, 0}};
+    p.e.qp = ibv_create_qp(p.e.pd, &ia);
+    CHECK(p.e.qp, "qp");
+    pair_stop(&p);
+
+    uint8_t *a = local_buf(), *b = local_buf();
+    struct ep x, y;
+    loop_open(&x, &y, a, b, &DEFAULT_OPTS);
+    sge = (struct ibv_sge){(uintptr_t)a, 64, x.mr->lkey};
+    w = wr_rdma(IBV_WR_RDMA_READ, &sge, 1, (uintptr_t)b, y.mr->rkey, 1);
+    CHECK_EQ(ibv_post_send(x.qp, &w, &bad), 0);
+    CHECK_EQ(ibv_poll_cq(x.cq, 0, &wc), 0);     /* runs the WR, its CQE waits */
+    CHECK_EQ(ibv_destroy_qp(x.qp), 0);
+    CHECK_EQ(ibv_poll_cq(x.cq, 1, &wc), 0);
+    ia.send_cq = ia.recv_cq = x.cq;
+    x.qp = ibv_create_qp(x.pd, &ia);
+    CHECK(x.qp, "qp");
+    ep_close(&x);
+    ep_close(&y);
+    free(a);
+    free(b);
+}
+
+/* Posting threads and a polling thread on one CQ shared by two QPs. */
+struct hammer {
+    struct ep *e;
+    uint32_t rkey;
+    uint64_t raddr;
+    int rounds;
+};
+
+static void *post_thread(void *arg)
+{
+    struct hammer *h = arg;
+    struct ibv_sge sge[8];
+    struct ibv_send_wr w[8], *bad;
+    for (int r = 0; r < h->rounds; r++) {
+        for (int i = 0; i < 8; i++) {
+            sge[i] = (struct ibv_sge){(uintptr_t)h->e->buf + (uint64_t)i * 512, 512, h->e->mr->lkey};
+            w[i] = wr_rdma(i % 2 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, &sge[i], 1,
+                           h->raddr + (uint64_t)i * 512, h->rkey, i == 7);
+            w[i].next = i < 7 ? &w[i + 1] : NULL;
+        }
+        int rc;
+        while ((rc = ibv_post_send(h->e->qp, w, &bad)) == ENOMEM && bad == w)
+            sched_yield();              /* the poller has not retired our slots yet */
+        CHECK_EQ(rc, 0);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    uint8_t *a = local_buf(), *b = local_buf(), *c = local_buf();
+    struct ep_opts o = DEFAULT_OPTS;
+    o.max_send_wr = 32;
+    o.cqe = 64;
+    unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    /* x and z share x's CQ; RC is one to one, so z's responder is y2, a
+     * second QP next to y. */
+    struct ep x, y;
+    loop_open(&x, &y, a, b, &o);
+    struct ibv_qp_init_attr ia = {.send_cq = x.cq, .recv_cq = x.cq, .qp_type = IBV_QPT_RC,
+                                  .cap = {32, 1, 1, 1, 0}};
+    struct ibv_qp *z = ibv_create_qp(x.pd, &ia);
+    ia.send_cq = ia.recv_cq = y.cq;
+    struct ibv_qp *y2 = ibv_create_qp(y.pd, &ia);
+    CHECK(z && y2, "qps");
+    connect_qp(z, y2->qp_num, y.lid, 4, 4);
+    connect_qp(y2, z->qp_num, x.lid, 4, 4);
+    struct ibv_mr *cmr = ibv_reg_mr(x.pd, c, LSIZE, (int)all);
+    CHECK(cmr, "mr");
+    struct ep zep = {.qp = z, .buf = c, .mr = cmr};
+
+    enum { ROUNDS = 300 };
+    struct hammer h1 = {&x, y.mr->rkey, (uintptr_t)b, ROUNDS};
+    struct hammer h2 = {&zep, y.mr->rkey, (uintptr_t)b + 8192, ROUNDS};
+    softverbs_reset_counters();
+    pthread_t t1, t2;
+    CHECK(pthread_create(&t1, NULL, post_thread, &h1) == 0, "thread");
+    CHECK(pthread_create(&t2, NULL, post_thread, &h2) == 0, "thread");
+    int got = 0;
+    struct ibv_wc wc[16];
+    while (got < 2 * ROUNDS) {
+        int n = ibv_poll_cq(x.cq, 16, wc);
+        CHECK(n >= 0, "poll");
+        for (int i = 0; i < n; i++)
+            CHECK(wc[i].status == IBV_WC_SUCCESS, "status %s", ibv_wc_status_str(wc[i].status));
+        got += n;
+    }
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    struct softverbs_counters k = counters();
+    CHECK_EQ(k.wrs_posted, 2 * ROUNDS * 8);
+    CHECK_EQ(k.wrs_executed, 2 * ROUNDS * 8);
+    CHECK_EQ(k.completions, 2 * ROUNDS);
+    CHECK_EQ(ibv_dereg_mr(cmr), 0);
+    CHECK_EQ(ibv_destroy_qp(z), 0);
+    CHECK_EQ(ibv_destroy_qp(y2), 0);
+    ep_close(&x);
+    ep_close(&y);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* Run in a re-executed copy with SOFTVERBS_LINK_LAYER=ethernet (the link
+ * layer is read once per process). */
+static void test_ethernet_child(void)
+{
+    struct ibv_context *ctx = open_dev();
+    struct ibv_port_attr pa;
+    CHECK_EQ(ibv_query_port(ctx, 1, &pa), 0);
+    CHECK_EQ(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
+    CHECK_EQ(pa.lid, 0);
+    CHECK_EQ(pa.gid_tbl_len, 2);
+    union ibv_gid gid;
+    CHECK_EQ(ibv_query_gid(ctx, 1, 1, &gid), 0);
+    static const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+    CHECK(memcmp(gid.raw, v4, 16) == 0, "::ffff:127.0.0.1");
+    CHECK_EQ(ibv_close_device(ctx), 0);
+
+    uint8_t *a = local_buf(), *b = local_buf();
+    struct ep x, y;
+    unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    ep_open(&x, &DEFAULT_OPTS, a, LSIZE, (int)all);
+    ep_open(&y, &DEFAULT_OPTS, b, LSIZE, (int)all);
+    struct ibv_qp *qps[2] = {x.qp, y.qp};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(to_init(qps[i], all), 0);
+        struct ibv_qp_attr at = {
+            .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qps[1 - i]->qp_num,
+            .max_dest_rd_atomic = 4, .ah_attr = {.dlid = 0, .port_num = 1},
+        };
+        unsigned rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+        CHECK_EQ(ibv_modify_qp(qps[i], &at, (int)rtr), EINVAL);   /* RoCE needs a GRH */
+        at.ah_attr.is_global = 1;
+        CHECK_EQ(ibv_modify_qp(qps[i], &at, (int)rtr), EINVAL);   /* ... with a DGID */
+        at.ah_attr.grh.dgid = gid;
+        at.ah_attr.grh.sgid_index = 2;
+        CHECK_EQ(ibv_modify_qp(qps[i], &at, (int)rtr), EINVAL);   /* GID index 2 */
+        at.ah_attr.grh.sgid_index = 1;
+        CHECK_EQ(ibv_modify_qp(qps[i], &at, (int)rtr), 0);
+        CHECK_EQ(to_rts(qps[i], 4), 0);
+    }
+    CHECK_EQ(one(&x, IBV_WR_RDMA_READ, (uintptr_t)a, 4096, x.mr->lkey, (uintptr_t)b + 1,
+                 y.mr->rkey), IBV_WC_SUCCESS);
+    CHECK(memcmp(a, b + 1, 4096) == 0, "RoCE READ");
+    ep_close(&x);
+    ep_close(&y);
+    free(a);
+    free(b);
+}
+
+static void test_ethernet(void)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        setenv("SOFTVERBS_LINK_LAYER", "ethernet", 1);
+        execl("/proc/self/exe", "test_softverbs", "ethernet", (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "ethernet child: status %d", status);
+}
+
+/* ------------------------------------------------------- verbs objects */
+
+static void test_modify_qp(void)
+{
+    uint8_t *b = local_buf();
+    struct ep e;
+    ep_open(&e, &DEFAULT_OPTS, b, LSIZE, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR};
+    /* Illegal transitions. */
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), EINVAL);    /* RESET->RTR */
+    a.qp_state = IBV_QPS_RTS;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), EINVAL);
+    a.qp_state = IBV_QPS_SQD;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), EINVAL);
+    /* RESET->INIT: a required bit missing, a bit not allowed, bad values. */
+    a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT, .port_num = 1};
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT), EINVAL);
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                         IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MTU), EINVAL);
+    a.port_num = 2;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                         IBV_QP_ACCESS_FLAGS), EINVAL);
+    a.port_num = 1;
+    a.pkey_index = 1;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                         IBV_QP_ACCESS_FLAGS), EINVAL);
+    CHECK_EQ(qp_state(e.qp), IBV_QPS_RESET);
+    CHECK_EQ(to_init(e.qp, 0), 0);
+    CHECK_EQ(to_init(e.qp, IBV_ACCESS_REMOTE_READ), 0);         /* INIT->INIT, full mask */
+
+    /* INIT->RTR: each required bit missing in turn. */
+    unsigned rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096,
+                             .dest_qp_num = 0x4001, .max_dest_rd_atomic = 16,
+                             .ah_attr = {.dlid = 5, .port_num = 1}};
+    for (unsigned bit = IBV_QP_AV; bit <= IBV_QP_DEST_QPN; bit <<= 1)
+        if ((rtr & bit) && bit != IBV_QP_STATE)
+            CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)(rtr & ~bit)), EINVAL);
+    a.max_dest_rd_atomic = 17;                                  /* above max_qp_rd_atom */
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rtr), EINVAL);
+    a.max_dest_rd_atomic = 16;
+    a.path_mtu = (enum ibv_mtu)6;                               /* above the port's 4096 */
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rtr), EINVAL);
+    a.path_mtu = IBV_MTU_4096;
+    a.ah_attr.dlid = 0;                                         /* IB needs a DLID */
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rtr), EINVAL);
+    a.ah_attr.dlid = 5;
+    a.dest_qp_num = 1u << 24;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rtr), EINVAL);
+    a.dest_qp_num = 0x4001;
+    CHECK_EQ(qp_state(e.qp), IBV_QPS_INIT);
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rtr), 0);
+
+    /* RTR->RTS: max_rd_atomic above the device, a missing bit. */
+    a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+                             .rnr_retry = 7, .max_rd_atomic = 17};
+    unsigned rts = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rts), EINVAL);
+    a.max_rd_atomic = 16;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)(rts & ~IBV_QP_MAX_QP_RD_ATOMIC)), EINVAL);
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)(rts | IBV_QP_DEST_QPN)), EINVAL);
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, (int)rts), 0);
+    CHECK_EQ(qp_state(e.qp), IBV_QPS_RTS);
+    /* RTS->INIT is illegal; RTS->ERR->RESET is fine. */
+    a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT};
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), EINVAL);
+    a.qp_state = IBV_QPS_ERR;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);
+    a.qp_state = IBV_QPS_RESET;
+    CHECK_EQ(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);
+
+    struct ibv_qp_attr q;
+    struct ibv_qp_init_attr qi;
+    CHECK_EQ(ibv_query_qp(e.qp, &q, IBV_QP_STATE | IBV_QP_CAP, &qi), 0);
+    CHECK_EQ(q.qp_state, IBV_QPS_RESET);
+    CHECK_EQ(qi.cap.max_send_wr, 256);
+    CHECK_EQ(qi.cap.max_send_sge, 16);
+    ep_close(&e);
+    free(b);
+}
+
+static void test_create_checks(void)
+{
+    struct ibv_context *ctx = open_dev();
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(pd && cq, "pd, cq");
+    CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "cqe 0");
+    CHECK(!ibv_create_cq(ctx, 65537, NULL, NULL, 0) && errno == EINVAL, "cqe above max");
+
+    struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+                                  .cap = {4097, 1, 1, 1, 0}};
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "max_send_wr above max_qp_wr");
+    ia.cap = (struct ibv_qp_cap){1, 4097, 1, 1, 0};
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "max_recv_wr above max_qp_wr");
+    ia.cap = (struct ibv_qp_cap){1, 1, 17, 1, 0};
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "max_send_sge above max_sge");
+    ia.cap = (struct ibv_qp_cap){1, 1, 1, 17, 0};
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "max_recv_sge above max_sge");
+    ia.cap = (struct ibv_qp_cap){1, 1, 1, 1, 0};
+    ia.qp_type = IBV_QPT_UD;
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EOPNOTSUPP, "UD");
+    ia.qp_type = IBV_QPT_RC;
+    ia.send_cq = NULL;
+    CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "no CQ");
+    ia.send_cq = cq;
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    CHECK(qp, "qp");
+    CHECK(qp->qp_num > 1 && qp->qp_num < (1u << 24), "24-bit QPN");
+
+    /* Registration arguments. */
+    static uint8_t mem[8192];
+    CHECK(!ibv_reg_mr(pd, mem, 0, 0) && errno == EINVAL, "length 0");
+    CHECK(!ibv_reg_mr(pd, NULL, 64, 0) && errno == EINVAL, "NULL");
+    CHECK(!ibv_reg_mr(pd, mem, 64, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
+          "REMOTE_WRITE needs LOCAL_WRITE");
+    CHECK(!ibv_reg_mr(pd, mem, 64, 1 << 12) && errno == EINVAL, "unknown flag");
+    /* dma-buf: a bad fd, and a memfd which is no dma-buf. */
+    CHECK(!ibv_reg_dmabuf_mr(pd, 0, 4096, 0x7f0000000000ull, -1, IBV_ACCESS_LOCAL_WRITE) &&
+              errno == EINVAL, "fd -1");
+    int fd = memfd_create("not-a-dmabuf", 0);
+    CHECK(fd >= 0 && ftruncate(fd, 8192) == 0, "memfd");
+    CHECK(!ibv_reg_dmabuf_mr(pd, 0, 4096, 0x7f0000000000ull, fd, IBV_ACCESS_LOCAL_WRITE) &&
+              errno == EINVAL, "memfd is no dma-buf");
+    close(fd);
+
+    struct ibv_mr *mr = ibv_reg_mr(pd, mem, sizeof mem, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr && mr->lkey == mr->rkey && mr->lkey != 0, "mr");
+    /* Busy objects. */
+    CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+    CHECK_EQ(ibv_destroy_cq(cq), EBUSY);
+    CHECK_EQ(ibv_dereg_mr(mr), 0);
+    CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+    CHECK_EQ(ibv_destroy_qp(qp), 0);
+    CHECK_EQ(ibv_destroy_cq(cq), 0);
+    CHECK_EQ(ibv_dealloc_pd(pd), 0);
+    CHECK_EQ(ibv_close_device(ctx), 0);
 }
 
 /* --------------------------------------------------------- the device */
@@ -536,8 +1307,12 @@ static void test_inline_write(void)
     pair_stop(&p);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "ethernet") == 0) {
+        RUN(test_ethernet_child);
+        return 0;
+    }
     char dir[] = "/tmp/softverbs-test-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     setenv("SOFTVERBS_DIR", dir, 1);
@@ -549,6 +1324,23 @@ int main(void)
     RUN(test_chain);
     RUN(test_loopback);
     RUN(test_inline_write);
+    RUN(test_post_not_rts);
+    RUN(test_post_bad_wr);
+    RUN(test_sq_overflow);
+    RUN(test_post_recv);
+    RUN(test_local_protection);
+    RUN(test_remote_access);
+    RUN(test_stale_rkey);
+    RUN(test_rd_atomic);
+    RUN(test_responder_gone);
+    RUN(test_error_flush);
+    RUN(test_cq_overflow);
+    RUN(test_inject_error);
+    RUN(test_destroy_drops);
+    RUN(test_threads);
+    RUN(test_ethernet);
+    RUN(test_modify_qp);
+    RUN(test_create_checks);
 
     char path[sizeof dir + 32];
     snprintf(path, sizeof path, "%s/softverbs-%u", dir, (unsigned)getuid());
