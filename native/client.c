@@ -104,8 +104,9 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
     struct client_server *s = &c->servers[c->nservers];
     int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
     if (rc == GDRKV_E_INVALID && unix_path)
-        return open_error(err, errlen, rc, "server %s is a unix socket: only transports shm "
-                          "and auto reach it", text);
+        return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
+                          "reach it (shm and auto can)", text,
+                          c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "rdma");
     if (rc == GDRKV_E_INVALID)
         return open_error(err, errlen, rc, "server %s can't use transport shm: shm needs a "
                           "local server (a loopback address or unix:PATH)", text);

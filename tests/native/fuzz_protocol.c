@@ -15,6 +15,7 @@
 #include "common.h"
 #include "gdrkv.h"
 #include "protocol.h"
+#include "rdma_qp.h"
 
 static void check(int cond, const char *what)
 {
@@ -24,6 +25,34 @@ static void check(int cond, const char *what)
     }
 }
 
+/* RDMA_HELLO bodies, both the client's endpoint (parsed by the server)
+ * and the server's answer (endpoint + regions, parsed by the client). */
+static void fuzz_rdma_hello(const uint8_t *data, size_t len)
+{
+    uint8_t *copy = malloc(len ? len : 1);
+    check(copy != NULL, "allocation");
+    memcpy(copy, data, len);
+    struct rdma_endpoint e;
+    size_t used = rdma_endpoint_decode(copy, len, &e);
+    if (used) {
+        check(used <= len && used == rdma_endpoint_size(&e), "endpoint length");
+        check(e.nqps >= 1 && e.nqps <= RDMA_MAX_QPS, "endpoint QP count");
+        uint8_t again[RDMA_ENDPOINT_MIN + RDMA_MAX_QPS * RDMA_QP_WIRE_SIZE];
+        check(rdma_endpoint_encode(&e, again) == used, "endpoint re-encoded length");
+        /* The reserved word is not kept; everything else must round-trip. */
+        check(memcmp(again, copy, 36) == 0 && memcmp(again + 40, copy + 40, used - 40) == 0,
+              "endpoint re-encoding");
+        static struct rdma_region regions[64];
+        int n = rdma_regions_decode(copy + used, len - used, regions, 64);
+        uint64_t next = 0;
+        for (int i = 0; i < n; i++) {
+            check(regions[i].pool_off == next && regions[i].len > 0, "regions back to back");
+            next += regions[i].len;
+        }
+    }
+    free(copy);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -31,6 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct gk_hdr h;
     if (size < GK_HDR_SIZE)
         return 0;
+    fuzz_rdma_hello(data + GK_HDR_SIZE, size - GK_HDR_SIZE);
     gk_hdr_decode(data, &h);
     if (gk_check_request_hdr(&h) != 0 || !gk_op_is_keyed(h.opcode))
         return 0;
