@@ -359,6 +359,7 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma.completions));
     gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
     gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
+    gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma.flushes));
     for (uint32_t i = 0; i < c->nservers; i++)
         down += (uint32_t)client_server_is_down(&c->servers[i]);
     gk_text_u64(&t, "servers", c->nservers);

@@ -30,6 +30,10 @@ int client_rdma_init(struct client_rdma *r)
     memset(r, 0, sizeof *r);
     r->qps_per_conn = env_u32("GDRKV_IB_QPS", 4, 1, 16);
     r->sq_depth = env_u32("GDRKV_IB_SQ_DEPTH", 512, 2, 1u << 15);
+    const char *flush = getenv("GDRKV_IB_FLUSH");
+    r->flush_mode = !flush || !*flush || !strcmp(flush, "auto") ? CLIENT_RDMA_FLUSH_AUTO
+                    : !strcmp(flush, "always") ? CLIENT_RDMA_FLUSH_ALWAYS
+                    : CLIENT_RDMA_FLUSH_NEVER;
     return pthread_mutex_init(&r->lock, NULL) ? GDRKV_E_INTERNAL : 0;
 }
 
@@ -39,9 +43,87 @@ int client_rdma_init(struct client_rdma *r)
 
 /* ------------------------------------------------------------ device, MRs */
 
+/* ------------------------------------------------------------ flush READs */
+
+/* A QP connected to itself, and a few bytes of host memory to READ into:
+ * a READ of GPU memory the NIC just wrote makes those writes visible to
+ * the GPU (NCCL's gpuFlush). Before Hopper a completion alone does not. */
+struct flusher {
+    struct rdma_qps qps;
+    struct ibv_mr *mr;
+    uint8_t scratch[64];
+};
+
+static void flusher_free(struct rdma_dev *d, struct flusher *f)
+{
+    if (f->qps.n || f->qps.cq)
+        rdma_qps_destroy(d, &f->qps);
+    if (f->mr)
+        d->ibv->dereg_mr(f->mr);
+    free(f);
+}
+
+static struct flusher *flusher_new(struct rdma_dev *d)
+{
+    struct flusher *f = calloc(1, sizeof *f);
+    struct rdma_endpoint self;
+    if (!f)
+        return NULL;
+    f->mr = d->ibv->reg_mr(d->pd, f->scratch, sizeof f->scratch, IBV_ACCESS_LOCAL_WRITE);
+    if (!f->mr || rdma_qps_create(d, &f->qps, 1, 2, 1, 1)) {
+        flusher_free(d, f);
+        return NULL;
+    }
+    f->qps.rd_atomic = 1;
+    rdma_qps_describe(d, &f->qps, &self);
+    if (rdma_qps_connect(d, &f->qps, &self)) {
+        flusher_free(d, f);
+        return NULL;
+    }
+    return f;
+}
+
+/* One signalled 1-byte READ from addr, waited for. The owner's lock is
+ * held: flushes are rare (one per batch into a pre-Hopper GPU) and tiny. */
+static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
+{
+    struct rdma_dev *d = r->dev;
+    if (!r->flusher && !(r->flusher = flusher_new(d)))
+        return GDRKV_E_UNAVAILABLE;
+    struct flusher *f = r->flusher;
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)f->scratch, .length = 1,
+                          .lkey = f->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}};
+    struct ibv_send_wr *bad = NULL;
+    struct ibv_qp *qp = f->qps.qp[0];
+    int rc = qp->context->ops.post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
+    while (rc == GDRKV_E_TIMEOUT) {
+        struct ibv_wc wc;
+        int n = f->qps.cq->context->ops.poll_cq(f->qps.cq, 1, &wc);
+        if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS))
+            rc = GDRKV_E_UNAVAILABLE;
+        else if (n == 1)
+            rc = 0;
+        else if (gk_now_ns() >= deadline_ns)
+            break;
+    }
+    if (rc) {
+        /* A QP in error or with a READ outstanding: start over next time. */
+        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(rc));
+        flusher_free(d, f);
+        r->flusher = NULL;
+    }
+    __atomic_fetch_add(&r->flushes, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 void client_rdma_destroy(struct client_rdma *r)
 {
     struct rdma_dev *d = r->dev;
+    if (r->flusher)
+        flusher_free(d, r->flusher);
     for (uint32_t i = 0; i < r->nmrs; i++) {
         d->ibv->dereg_mr(r->mrs[i].mr);
         if (r->mrs[i].dmabuf_fd >= 0)
@@ -80,9 +162,8 @@ int client_rdma_ready(struct client_rdma *r)
     return rc;
 }
 
-static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len)
+static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access)
 {
-    int access = IBV_ACCESS_LOCAL_WRITE;
     /* Relaxed ordering lets the NIC reorder PCIe writes: much faster to
      * GPUs behind some root complexes, and safe for one-sided data whose
      * completion is what the reader waits for. Only asked for where the
@@ -112,7 +193,11 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
     if (rc == 0) {
         struct rdma_dev *d = r->dev;
         uint64_t t0 = gk_now_ns();
-        struct ibv_mr *mr = reg_host(d, ptr, len);
+        /* Remote read only for the flush QP, which is connected to itself:
+         * the data QPs grant the server no access at all. */
+        int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS;
+        int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
+        struct ibv_mr *mr = reg_host(d, ptr, len, access);
         if (!mr) {
             GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s",
                     (unsigned long long)len, (unsigned long long)ptr, d->name, strerror(errno));
@@ -121,7 +206,8 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
             GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
                      (unsigned long long)((gk_now_ns() - t0) / 1000));
             r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
-                                                   .lkey = mr->lkey, .dmabuf_fd = -1};
+                                                   .lkey = mr->lkey, .rkey = mr->rkey,
+                                                   .dmabuf_fd = -1, .flush = flush};
         }
     }
 out:
@@ -144,20 +230,20 @@ void client_rdma_unregister(struct client_rdma *r, uint64_t ptr)
     pthread_mutex_unlock(&r->lock);
 }
 
-/* The lkey covering [ptr, ptr + len), under the lock. */
-static int lkey_of(struct client_rdma *r, uint64_t ptr, uint64_t len, uint32_t *lkey)
+/* The MR covering [ptr, ptr + len), or NULL; under the lock. */
+static const struct client_mr *mr_of(struct client_rdma *r, uint64_t ptr, uint64_t len)
 {
     for (uint32_t i = 0; i < r->nmrs; i++) {
         const struct client_mr *m = &r->mrs[i];
-        if (ptr >= m->ptr && len <= m->len && ptr - m->ptr <= m->len - len) {
-            *lkey = m->lkey;
-            return 0;
-        }
+        if (ptr >= m->ptr && len <= m->len && ptr - m->ptr <= m->len - len)
+            return m;
     }
-    return -1;
+    return NULL;
 }
 
 /* ------------------------------------------------------------ connections */
+
+#define CLIENT_RDMA_FLUSH_MRS 8
 
 struct client_rdma_conn {
     struct client_rdma *owner;
@@ -169,6 +255,11 @@ struct client_rdma_conn {
     struct client_batch *batch;     /* of the run in progress, for failures */
     const struct client_frame *frame;
     uint8_t *flags;                 /* WRITE: the frame's commit flags */
+    /* READ: one destination in each MR that needs a flush (one MR per GPU
+     * is the usual engine layout), with the MR's rkey. */
+    uint64_t flush_addr[CLIENT_RDMA_FLUSH_MRS];
+    uint32_t flush_rkey[CLIENT_RDMA_FLUSH_MRS];
+    uint32_t nflush;
 };
 
 /* The HELLO answer's body: the server's endpoint, then its regions. */
@@ -283,13 +374,12 @@ int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch 
 {
     struct client_rdma *r = rc->owner;
     int ok = 1;
-    uint32_t lkey;
     pthread_mutex_lock(&r->lock);
     for (uint32_t p = f->first; ok && p < f->first + f->count; p++) {
         uint32_t i = b->index[p];
         for (uint32_t s = 0; ok && s < b->seg_counts[i]; s++) {
             uint64_t seg = b->first_seg[p] + s;
-            ok = b->seg_lens[seg] == 0 || lkey_of(r, b->seg_ptrs[seg], b->seg_lens[seg], &lkey) == 0;
+            ok = b->seg_lens[seg] == 0 || mr_of(r, b->seg_ptrs[seg], b->seg_lens[seg]);
         }
     }
     pthread_mutex_unlock(&r->lock);
@@ -322,10 +412,23 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off
 {
     struct client_rdma_conn *rc = arg;
     const struct rdma_region *g = region_of(rc, pool_off, len);
+    const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
     struct rdma_piece piece = {.key = p};
-    if (!g || lkey_of(rc->owner, seg_addr, len, &piece.lkey))
+    if (!g || !m)
         return -1;
+    piece.lkey = m->lkey;
     piece.rkey = g->rkey;
+    if (m->flush && len > 0) {
+        uint32_t i = 0;
+        while (i < rc->nflush && rc->flush_rkey[i] != m->rkey)
+            i++;
+        /* More MRs than slots: the last slot's MR stands for the rest,
+         * which is right when they are on the same GPU. */
+        i = GK_MIN(i, (uint32_t)CLIENT_RDMA_FLUSH_MRS - 1);
+        rc->flush_addr[i] = seg_addr;
+        rc->flush_rkey[i] = m->rkey;
+        rc->nflush = GK_MAX(rc->nflush, i + 1);
+    }
     while (len > 0) {
         piece.len = (uint32_t)GK_MIN(len, 1ull << 30);
         piece.local = seg_addr;
@@ -352,6 +455,7 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
 {
     struct client_rdma *r = rc->owner;
     rdma_pieces_reset(&rc->pieces);
+    rc->nflush = 0;
     pthread_mutex_lock(&r->lock);
     int rc_plan = client_chunks_walk(lists, len, rc->pool_size, b, f->first, f->count, listed,
                                      lens, add_piece, rc);
@@ -364,6 +468,20 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     rc->frame = f;
     int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
     rc->flags = NULL;
+    /* The READs are complete, but before Hopper the GPU may not see their
+     * bytes yet: one READ of the destination orders them. */
+    if (opcode == IBV_WR_RDMA_READ && rc->nflush && err != GDRKV_E_TIMEOUT) {
+        int ferr = 0;
+        pthread_mutex_lock(&r->lock);
+        for (uint32_t i = 0; i < rc->nflush && !ferr; i++)
+            ferr = flush_read(r, rc->flush_addr[i], rc->flush_rkey[i], b->deadline_ns);
+        pthread_mutex_unlock(&r->lock);
+        if (ferr) {
+            for (uint32_t p = f->first; p < f->first + f->count; p++)
+                if (b->results[b->index[p]] >= 0)
+                    b->results[b->index[p]] = ferr;
+        }
+    }
     __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->reads : &r->writes, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->wrs, st.wrs, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->posts, st.posts, __ATOMIC_RELAXED);

@@ -26,8 +26,17 @@
 struct client_mr {
     uint64_t ptr, len;
     void *mr;                       /* struct ibv_mr * */
-    uint32_t lkey;
+    uint32_t lkey, rkey;
     int dmabuf_fd;                  /* GPU memory: the exported dma-buf, else -1 */
+    int flush;                      /* READs into it need a flush READ (GPU before Hopper) */
+};
+
+/* When a batch of READs gets one more READ from its last destination, so
+ * that their PCIe writes are visible to a GPU before the call returns. */
+enum client_rdma_flush {
+    CLIENT_RDMA_FLUSH_AUTO,         /* GPU memory of a GPU before Hopper */
+    CLIENT_RDMA_FLUSH_ALWAYS,       /* every MR (GDRKV_IB_FLUSH=always: tests, odd hosts) */
+    CLIENT_RDMA_FLUSH_NEVER
 };
 
 struct client_rdma {
@@ -39,8 +48,10 @@ struct client_rdma {
     uint32_t nmrs, cap;
     uint32_t qps_per_conn;          /* GDRKV_IB_QPS, default 4 */
     uint32_t sq_depth;              /* GDRKV_IB_SQ_DEPTH, default 512 */
+    enum client_rdma_flush flush_mode;  /* GDRKV_IB_FLUSH: auto, always, never */
+    void *flusher;                  /* the loopback QP of the flush READs, made on first need */
     /* Counters, relaxed atomics. */
-    uint64_t reads, writes, wrs, posts, completions, bytes, fallback_frames;
+    uint64_t reads, writes, wrs, posts, completions, bytes, fallback_frames, flushes;
 };
 
 int client_rdma_init(struct client_rdma *r);

@@ -234,3 +234,23 @@ def test_rdma_report_names_the_device():
     assert report["device"] == "softverbs0"
     assert report["device.softverbs0.port.1.state"] == "ACTIVE"
     assert int(report["device.softverbs0.max_qp_rd_atom"]) >= 1
+
+
+def test_flush_read_follows_reads_that_need_it(server, make_client, monkeypatch):
+    """GPU memory before Hopper needs one READ of the destination after the
+    batch; GDRKV_IB_FLUSH=always applies it to host memory so the path runs
+    here. One flush per GET frame, and the bytes are still right."""
+    monkeypatch.setenv("GDRKV_IB_FLUSH", "always")
+    client = rdma_client(make_client, server, conns=1)
+    keys = [f"flush-{i}" for i in range(64)]
+    assert batch_put_bytes(client, keys, [content(k, 4096) for k in keys]) == [0] * 64
+    assert client_stat(client, "rdma_flush_reads") == 0      # WRITEs need none
+    results, got = batch_get_bytes(client, keys, [4096] * 64)
+    for k, r, v in zip(keys, results, got):
+        check_read(k, 4096, r, v, allowed_errors=())
+    assert client_stat(client, "rdma_flush_reads") == 1
+    monkeypatch.delenv("GDRKV_IB_FLUSH")
+    plain = rdma_client(make_client, server, conns=1, namespace=client.namespace)
+    results, _ = batch_get_bytes(plain, keys, [4096] * 64)
+    assert results == [4096] * 64
+    assert client_stat(plain, "rdma_flush_reads") == 0
