@@ -4,6 +4,8 @@ multi-segment object), negotiation, the pool split at the largest MR, and
 failures (an error completion, a server killed mid-batch, bad RDMA_HELLO
 frames). The round-trip and concurrency suites also run over rdma."""
 import ctypes
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -254,3 +256,45 @@ def test_flush_read_follows_reads_that_need_it(server, make_client, monkeypatch)
     results, _ = batch_get_bytes(plain, keys, [4096] * 64)
     assert results == [4096] * 64
     assert client_stat(plain, "rdma_flush_reads") == 0
+
+
+ROCE_CLIENT = r"""
+import os, sys
+import numpy as np
+import gdrkv
+from gdrkv._native import ffi, lib
+c = gdrkv.Client(sys.argv[1] + "?transport=rdma", namespace="roce", timeout_ms=10000)
+src = np.frombuffer(os.urandom(64 * 8192), np.uint8).copy()
+dst = np.zeros_like(src)
+s, _ = c.register(src)
+d, _ = c.register(dst)
+keys = [f"r{i}" for i in range(64)]
+assert c.batch_put(keys, [s + i * 8192 for i in range(64)], [8192] * 64) == [0] * 64
+assert c.batch_get(keys, [d + i * 8192 for i in range(64)], [8192] * 64) == [8192] * 64
+assert (src == dst).all()
+assert c.stats()["client"]["rdma_read_frames"] > 0
+buf = ffi.new("char[]", 8192)
+lib.gdrkv_rdma_report(buf, 8192)
+print(ffi.string(buf).decode())
+"""
+
+
+@pytest.mark.parametrize("v2_index", [None, 0])
+def test_roce_addresses_by_gid(server_factory, tmp_path, monkeypatch, v2_index):
+    """On Ethernet the QPs are addressed by GID: without sysfs types the
+    IPv4-mapped GID (index 1 on softverbs) wins; with index 0 marked RoCE v2
+    in sysfs, that one does. Client and server run as separate processes."""
+    monkeypatch.setenv("SOFTVERBS_LINK_LAYER", "ethernet")
+    if v2_index is not None:
+        types = tmp_path / "sys/class/infiniband/softverbs0/ports/1/gid_attrs/types"
+        types.mkdir(parents=True)
+        (types / "0").write_text("RoCE v2\n")
+        (types / "1").write_text("IB/RoCE v1\n")
+        monkeypatch.setenv("GDRKV_SYSFS_ROOT", str(tmp_path))
+    roce = server_factory("64MiB")
+    out = subprocess.run([sys.executable, "-c", ROCE_CLIENT, roce.url], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert report["device.softverbs0.port.1.link_layer"] == "Ethernet"
+    assert report["device.softverbs0.port.1.gid_index"] == str(1 if v2_index is None else 0)
