@@ -45,6 +45,9 @@ struct client_batch {
     /* shm: the client's copy helpers. */
     struct client_copier *copier;
 
+    /* GPU segments of the call (gpu_client.h), or NULL when there are none. */
+    struct gpu_call *gpu;
+
     /* Traffic of the call, added to the client's counters once at the end. */
     uint64_t bytes_sent;
     uint64_t bytes_received;

@@ -34,12 +34,15 @@ enum client_conn_phase {
 
 struct client_server;
 struct client_pool;
+struct gpu_conn;
 
 struct client_conn {
     int fd;
     uint64_t next_req_id;
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
     struct client_copy_list copies; /* shm: the current LEASE's copies */
+    struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
+    int gpu_err;                /* the frame's GPU staging failed: fail it */
 
     /* The frame in flight. */
     enum client_conn_phase phase;

@@ -18,6 +18,7 @@
 #include "client_server.h"
 #include "common.h"
 #include "gdrkv.h"
+#include "gpu_client.h"
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
@@ -25,6 +26,7 @@
 void client_pool_put(struct client_pool *p)
 {
     if (p && __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        gpu_pool_release(p);
         munmap((void *)p->base, p->map_len);
         free(p);
     }
@@ -181,7 +183,8 @@ int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct cli
 
 /* Lays one object's chunks over its destination segments. */
 static int plan_object(const struct client_pool *pool, const uint8_t **at, size_t *left,
-                       const struct client_batch *b, uint32_t p, struct client_copy_list *out)
+                       const struct client_batch *b, uint32_t p, struct client_copy_list *out,
+                       struct gpu_list *gpu)
 {
     if (*left < GK_LEASE_OBJ_SIZE)
         return GDRKV_E_PROTOCOL;
@@ -206,9 +209,16 @@ static int plan_object(const struct client_pool *pool, const uint8_t **at, size_
                 continue;
             }
             uint64_t n = GK_MIN(room, len);
-            uint8_t *dst = (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off;
-            if (client_copy_add(out, dst, pool->base + off, (size_t)n))
-                return GDRKV_E_INTERNAL;
+            int dev = gpu_seg_device(b->gpu, seg);
+            if (dev >= 0) {
+                if (gpu_list_add(gpu, dev, b->gpu->orig[seg] + seg_off,
+                                 (uint64_t)(uintptr_t)(pool->base + off), n))
+                    return GDRKV_E_INTERNAL;
+            } else {
+                uint8_t *dst = (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off;
+                if (client_copy_add(out, dst, pool->base + off, (size_t)n))
+                    return GDRKV_E_INTERNAL;
+            }
             off += n, len -= n, seg_off += n;
         }
     }
@@ -217,12 +227,12 @@ static int plan_object(const struct client_pool *pool, const uint8_t **at, size_
 
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct client_copy_list *out)
+                    struct client_copy_list *out, struct gpu_list *gpu)
 {
     for (uint32_t p = first; p < first + count; p++) {
         if (b->results[b->index[p]] < 0)
             continue;
-        int rc = plan_object(pool, &lists, &len, b, p, out);
+        int rc = plan_object(pool, &lists, &len, b, p, out, gpu);
         if (rc)
             return rc;
     }
