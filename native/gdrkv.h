@@ -180,7 +180,8 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len);
 int gdrkv_gpu_available(char *why, size_t len);
 /* Copies n pieces (unified addresses the GPU reaches: device memory,
  * pinned host memory) with gdrkv's GPU copy path (mode: enum
- * gdrkv_gpu_copy) in the primary context of GPU device, on stream (0 =
+ * gdrkv_gpu_copy, or 3: one cuMemcpyAsync per piece, the baseline the
+ * bench shows) in the primary context of GPU device, on stream (0 =
  * the library's own); returns once they are done: 0 or a negative error.
  * What `gdrkv bench --gpu` measures the one-launch ceiling with. */
 int gdrkv_gpu_copy(int device, uint32_t n, const uint64_t *dsts, const uint64_t *srcs,

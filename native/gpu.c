@@ -302,7 +302,7 @@ static int64_t launch_kernel(const struct gk_cuda *cu, const struct gpu_dev *d,
 }
 
 static int launch_copy_engine(const struct gk_cuda *cu, struct gpu_slot *s,
-                              const struct gpu_list *l, int dev, CUstream stream,
+                              const struct gpu_list *l, int dev, CUstream stream, int mode,
                               struct gpu_stats *stats)
 {
     size_t n = 0;
@@ -320,7 +320,9 @@ static int launch_copy_engine(const struct gk_cuda *cu, struct gpu_slot *s,
     struct gk_cu_memcpy_attributes attr = {.src_access_order = GK_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
     size_t attr_idx = 0, fail_idx = 0;
     CUresult rc = GK_CUDA_ERROR_INVALID_VALUE;
-    if (cu->cuMemcpyBatchAsync_v2)
+    if (mode == GPU_MODE_PER_PIECE)
+        rc = GK_CUDA_ERROR_INVALID_VALUE;
+    else if (cu->cuMemcpyBatchAsync_v2)
         rc = cu->cuMemcpyBatchAsync_v2(s->ce_dsts, s->ce_srcs, s->ce_sizes, n, &attr, &attr_idx,
                                        1, stream);
     else if (cu->cuMemcpyBatchAsync_v1)
@@ -339,7 +341,7 @@ static int launch_copy_engine(const struct gk_cuda *cu, struct gpu_slot *s,
 
 static int use_copy_engine(int mode, const struct gpu_list *l)
 {
-    if (mode == GPU_MODE_COPY_ENGINE)
+    if (mode == GPU_MODE_COPY_ENGINE || mode == GPU_MODE_PER_PIECE)
         return 1;
     return mode == GPU_MODE_AUTO && l->count &&
            l->bytes / l->count >= GPU_AUTO_COPY_ENGINE_BYTES;
@@ -372,7 +374,7 @@ static int launch_dev(const struct gk_cuda *cu, struct gpu_slot *s, const struct
     if (!rc) {
         stream = stream ? stream : s->streams[dev];
         if (use_copy_engine(mode, l)) {
-            rc = launch_copy_engine(cu, s, l, dev, stream, stats);
+            rc = launch_copy_engine(cu, s, l, dev, stream, mode, stats);
         } else {
             int64_t n = launch_kernel(cu, d, s, l, dev, *first_unit, stream);
             rc = n < 0 ? (int)n : 0;

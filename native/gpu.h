@@ -22,7 +22,12 @@
 #define GPU_MAX_DEVICES 16
 
 /* gdrkv_client_opts.gpu_copy (enum gdrkv_gpu_copy in gdrkv.h). */
-enum gpu_mode { GPU_MODE_AUTO = 0, GPU_MODE_KERNEL = 1, GPU_MODE_COPY_ENGINE = 2 };
+enum gpu_mode {
+    GPU_MODE_AUTO = 0,
+    GPU_MODE_KERNEL = 1,
+    GPU_MODE_COPY_ENGINE = 2,
+    GPU_MODE_PER_PIECE = 3      /* one cuMemcpyAsync per piece: the baseline the bench shows */
+};
 
 /* Kernel units: pieces are cut into units of at most this many bytes, so
  * a big page spreads over many warps. */

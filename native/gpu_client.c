@@ -435,7 +435,7 @@ int gdrkv_gpu_copy(int device, uint32_t n, const uint64_t *dsts, const uint64_t 
     if (n && (!dsts || !srcs || !lens))
         return GDRKV_E_INVALID;
     if (device < 0 || device >= GPU_MAX_DEVICES || mode < GPU_MODE_AUTO ||
-        mode > GPU_MODE_COPY_ENGINE)
+        mode > GPU_MODE_PER_PIECE)
         return GDRKV_E_INVALID;
     if (!gk_cuda())
         return GDRKV_E_UNSUPPORTED;
