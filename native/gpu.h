@@ -33,8 +33,9 @@ enum gpu_mode {
  * a big page spreads over many warps. */
 #define GPU_UNIT_BYTES (32u << 10)
 /* auto: pieces at least this large on average go to the copy engines,
- * which reach the link's speed at that size without using SMs. */
-#define GPU_AUTO_COPY_ENGINE_BYTES (512u << 10)
+ * which match the kernel from that size on (measured on an H200,
+ * docs/gpu.md) without taking SMs or HBM bandwidth from the engine. */
+#define GPU_AUTO_COPY_ENGINE_BYTES (256u << 10)
 
 struct gpu_piece {
     uint64_t dst;

@@ -158,7 +158,8 @@ def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
 
 @pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
 def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
-    client = client_for(make_client, server, "shm", gpu_copy=mode)
+    # One connection: the batch is one frame (more would stripe it).
+    client = client_for(make_client, server, "shm", gpu_copy=mode, conns=1)
     size, count = 4096, 256
     keys = [f"modes-{i}" for i in range(count)]
     values = [content(k, size) for k in keys]
@@ -176,6 +177,21 @@ def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mod
         assert launches == 0 and engine_calls >= 1
     else:       # auto picks the kernel for 4 KiB pages; 1 MiB of them is one frame
         assert launches == 1 and engine_calls == 0
+
+
+def test_gpu_copy_alone(torch):
+    """gdrkv.gpu.copy: scattered pinned host <-> GPU pieces, every mode."""
+    size, count = 4096 + 512, 64
+    host = torch.arange(count * size, dtype=torch.int32).to(torch.uint8).pin_memory()
+    for mode in gpu.COPY_MODES:
+        dev = gpu_buffer(torch, 2 * count * size)
+        dp = scattered(dev.data_ptr(), size, count, seed=4)
+        hp = [host.data_ptr() + i * size for i in range(count)]
+        gpu.copy(0, gpu.Pieces(dp, hp, [size] * count), mode)
+        back = torch.zeros_like(host)
+        gpu.copy(0, gpu.Pieces([back.data_ptr() + i * size for i in range(count)], dp,
+                               [size] * count), mode)
+        assert torch.equal(back, host), mode
 
 
 def test_stream_orders_put_after_engine_work(torch, server, make_client):

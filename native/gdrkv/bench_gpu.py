@@ -124,9 +124,10 @@ def _ceilings(torch, size):
     dp = _scattered(dev.data_ptr(), size, count, seed=size)
     lens = [size] * count
     row = {"size": size}
+    h2d, d2h = gpu.Pieces(dp, hp, lens), gpu.Pieces(hp, dp, lens)
     for mode in ("per_piece", "copy_engine", "kernel"):
-        row[f"{mode}_h2d"] = _rate(lambda: gpu.copy(0, dp, hp, lens, mode), CEILING_BYTES)
-        row[f"{mode}_d2h"] = _rate(lambda: gpu.copy(0, hp, dp, lens, mode), CEILING_BYTES)
+        row[f"{mode}_h2d"] = _rate(lambda: gpu.copy(0, h2d, mode), CEILING_BYTES)
+        row[f"{mode}_d2h"] = _rate(lambda: gpu.copy(0, d2h, mode), CEILING_BYTES)
     del host, dev
     torch.cuda.empty_cache()
     return row
