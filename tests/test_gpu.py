@@ -188,7 +188,7 @@ def test_gpu_copy_alone(torch):
         dp = scattered(dev.data_ptr(), size, count, seed=4)
         hp = [host.data_ptr() + i * size for i in range(count)]
         gpu.copy(0, gpu.Pieces(dp, hp, [size] * count), mode)
-        back = torch.zeros_like(host)
+        back = torch.zeros_like(host).pin_memory()     # the GPU writes it: pinned
         gpu.copy(0, gpu.Pieces([back.data_ptr() + i * size for i in range(count)], dp,
                                [size] * count), mode)
         assert torch.equal(back, host), mode
