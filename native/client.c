@@ -16,6 +16,7 @@
 #include "client.h"
 #include "client_batch.h"
 #include "client_server.h"
+#include "gpu_client.h"
 #include "net.h"
 
 #define CLIENT_DEFAULT_PORT 7480
@@ -66,6 +67,9 @@ static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
         return open_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
     if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_RDMA)
         return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp, shm or rdma");
+    if (o->gpu_copy < GDRKV_GPU_COPY_AUTO || o->gpu_copy > GDRKV_GPU_COPY_ENGINE)
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "gpu_copy must be auto, kernel or copy_engine");
     return 0;
 }
 
@@ -202,12 +206,19 @@ void gdrkv_client_close(gdrkv_client *c)
  * is the caller's error. */
 int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
 {
+    int device;
+    uint64_t buffer_id;
+
     if (!c)
         return GDRKV_E_CLOSED;
-    int rc = client_regions_add(&c->regions, ptr, len);
+    if (len == 0 || ptr + len < ptr)
+        return GDRKV_E_INVALID;
+    int rc = gpu_probe_region(ptr, len, &device, &buffer_id);
+    if (rc >= 0)
+        rc = client_regions_add_dev(&c->regions, ptr, len, device, buffer_id);
     if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
         return rc;
-    int rrc = client_rdma_register(&c->rdma, ptr, len);
+    int rrc = client_rdma_register(&c->rdma, ptr, len, device);
     if (rrc && c->opts.transport == GDRKV_TRANSPORT_RDMA) {
         client_regions_remove(&c->regions, ptr);
         return rrc;
@@ -231,17 +242,37 @@ int gdrkv_batch_put(gdrkv_client *c, uint32_t n, const char *keys, const uint32_
                     const uint64_t *seg_ptrs, const uint64_t *seg_lens,
                     const uint32_t *seg_counts, int64_t *results)
 {
-    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
-                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results};
-    return client_keyed_call(c, GK_OP_PUT, &k);
+    return gdrkv_batch_put_stream(c, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts,
+                                  results, 0);
 }
 
 int gdrkv_batch_get(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
                     const uint64_t *seg_ptrs, const uint64_t *seg_lens,
                     const uint32_t *seg_counts, int64_t *results)
 {
+    return gdrkv_batch_get_stream(c, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts,
+                                  results, 0);
+}
+
+int gdrkv_batch_put_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream)
+{
     struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
-                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results};
+                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
+                            .stream = stream};
+    return client_keyed_call(c, GK_OP_PUT, &k);
+}
+
+int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
+                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
+                            .stream = stream};
     return client_keyed_call(c, GK_OP_GET, &k);
 }
 
@@ -360,6 +391,9 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
     gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
     gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma.flushes));
+    gk_text_u64(&t, "gpu_bytes", gk_counter_get(&k->gpu_bytes));
+    gk_text_u64(&t, "gpu_kernel_launches", gk_counter_get(&k->gpu_kernel_launches));
+    gk_text_u64(&t, "gpu_copy_engine_calls", gk_counter_get(&k->gpu_copy_engine_calls));
     for (uint32_t i = 0; i < c->nservers; i++)
         down += (uint32_t)client_server_is_down(&c->servers[i]);
     gk_text_u64(&t, "servers", c->nservers);

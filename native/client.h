@@ -47,6 +47,9 @@ struct client_counters {
     uint64_t shm_connects;          /* of connects, over a unix socket with the pool mapped */
     uint64_t shm_bytes_copied;      /* GET bytes copied out of a mapped pool */
     uint64_t shm_leases_expired;    /* LEASE frames whose keys failed: lease lost before RELEASE */
+    uint64_t gpu_bytes;             /* bytes moved to or from GPU memory (gpu_client.c) */
+    uint64_t gpu_kernel_launches;
+    uint64_t gpu_copy_engine_calls;
 };
 
 struct gdrkv_client {
@@ -72,6 +75,7 @@ struct client_keys {
     const uint64_t *seg_lens;
     const uint32_t *seg_counts;
     int64_t *results;
+    uint64_t stream;                /* GET/PUT: the caller's CUstream, or 0 */
 };
 
 /* Runs an EXISTS, GET, PUT or DELETE batch (see gdrkv.h for the results). */

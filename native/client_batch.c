@@ -17,6 +17,7 @@
 #include "client_batch.h"
 #include "client_server.h"
 #include "common.h"
+#include "gpu_client.h"
 #include "route.h"
 
 /* Value bytes a stripe must carry to be worth a connection of its own:
@@ -38,6 +39,7 @@ struct server_share {
 /* Per-key tables of a keyed call, indexed like the caller's keys. */
 struct key_tables {
     struct server_share *shares;
+    const struct gpu_call *gpu;     /* bad[i]: key i was refused for its GPU segments */
     uint32_t *server;       /* route, or NO_SERVER for a rejected key */
     uint64_t *size;         /* value bytes (PUT) or capacity (GET) */
 };
@@ -120,6 +122,8 @@ static void cut_frames(struct planner *pl, uint32_t first, uint32_t end)
 {
     const struct client_batch *b = pl->b;
     uint32_t p = first;
+    /* GPU values pass through per-connection staging of this size. */
+    uint64_t max_payload = b->gpu ? GPU_FRAME_BYTES : GK_MAX_PAYLOAD;
 
     while (p < end) {
         uint32_t start = p;
@@ -131,7 +135,7 @@ static void cut_frames(struct planner *pl, uint32_t first, uint32_t end)
             p++;
         } while (p < end && p - start < GK_MAX_KEYS &&
                  body + GK_ENTRY_HDR_SIZE + b->key_lens[p] <= GK_MAX_BODY &&
-                 values + b->sizes[p] <= GK_MAX_PAYLOAD);
+                 values + b->sizes[p] <= max_payload);
         add_frame(pl, start, p - start, body, b->opcode == GK_OP_PUT ? values : 0, key_bytes);
     }
 }
@@ -262,6 +266,8 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
 
     for (uint32_t i = 0; i < k->n; i++) {
         int rc = check_key(k, i, seg, &t->size[i]);
+        if (!rc && t->gpu && t->gpu->bad[i])
+            rc = GDRKV_E_INVALID;
         if (rc) {
             k->results[i] = rc;
             t->server[i] = NO_SERVER;
@@ -363,10 +369,20 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     lay_out_keys(&a, &t, b, k->n, c->nservers, key_bytes);
     memset(t.shares, 0, c->nservers * sizeof *t.shares);
 
+    int rc = 0;
+    t.gpu = b->gpu = gpu_call_prepare(c, op, k, &rc);
+    if (rc) {
+        for (uint32_t i = 0; i < k->n; i++)
+            k->results[i] = rc;
+        free(a.base);
+        return rc;
+    }
+    if (b->gpu)
+        b->seg_ptrs = b->gpu->ptrs;
     route_keys(c, k, &t);
     uint32_t nsend = admit_servers(c, t.shares, start);
     gather_keys(k, &t, b);
-    int rc = plan(c, &call, t.shares);
+    rc = plan(c, &call, t.shares);
     if (rc == 0)
         client_run(c, &call);
     else
@@ -374,6 +390,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
             k->results[b->index[p]] = rc;
     free(call.jobs);
     free(a.base);
+    gpu_call_free(b->gpu);
     return rc;
 }
 

@@ -48,6 +48,9 @@ struct client_batch {
      * RDMA completions). */
     uint64_t deadline_ns;
 
+    /* GPU segments of the call (gpu_client.h), or NULL when there are none. */
+    struct gpu_call *gpu;
+
     /* Traffic of the call, added to the client's counters once at the end. */
     uint64_t bytes_sent;
     uint64_t bytes_received;

@@ -35,7 +35,7 @@ static int walk_object(const uint8_t **at, size_t *left, uint64_t pool_size,
                 continue;
             }
             uint64_t n = GK_MIN(room, len);
-            if (fn(arg, p, b->seg_ptrs[seg] + seg_off, off, n))
+            if (fn(arg, p, seg, seg_off, off, n))
                 return GDRKV_E_INTERNAL;
             off += n, len -= n, seg_off += n;
         }

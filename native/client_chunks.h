@@ -12,10 +12,11 @@
 
 #include "client_batch.h"
 
-/* One piece: len bytes of key position p, at seg_addr in the caller's
- * segment and pool_off in the pool. Returns 0, or non-zero to stop. */
-typedef int (*client_chunk_fn)(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off,
-                               uint64_t len);
+/* One piece: len bytes of key position p, at seg_off in segment seg (an
+ * index into b->seg_ptrs/seg_lens) and pool_off in the pool. Returns 0, or
+ * non-zero to stop. */
+typedef int (*client_chunk_fn)(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off,
+                               uint64_t pool_off, uint64_t len);
 
 /* Walks the lists (len bytes) of keys [first, first + count) of b: a key
  * has a list when listed[k] is set (listed NULL: when its result is not an

@@ -23,6 +23,7 @@
 #include "client_shm.h"
 #include "common.h"
 #include "gdrkv.h"
+#include "gpu_client.h"
 #include "log.h"
 
 /* Of an error response's message, what the debug log shows. */
@@ -83,6 +84,7 @@ void client_conn_close(struct client_conn *c)
     close(c->fd);
     client_pool_put(c->pool);
     client_copy_free(&c->copies);
+    gpu_conn_free(c->gpu);
     free(c->body_heap);
     free(c);
 }
@@ -123,6 +125,13 @@ static void encode_request(const struct client_batch *b, const struct client_fra
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
+/* An rdma LEASE or RESERVE: the NIC moves the bytes, GPU memory included,
+ * so nothing is staged. */
+static int in_place_rdma(const struct client_conn *c)
+{
+    return c->rdma && (c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE);
+}
+
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->req_id = c->next_req_id++;
@@ -140,6 +149,9 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
     c->got = 0;
     c->body = f->buf + GK_HDR_SIZE;
     c->why = NULL;
+    /* GPU segments: PUT values gathered into staging, tcp GET values
+     * received into it (the iov below reads b->seg_ptrs, now redirected). */
+    c->gpu_err = b->gpu && !in_place_rdma(c) ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
                     c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
@@ -305,11 +317,25 @@ static int copy_leased(struct client_conn *c, uint64_t bytes)
             start_release(c);
         return rc;
     }
-    int rc = client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len, b,
-                             f->first, f->count, &c->copies);
-    if (rc == 0 && bytes > 0)
+    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    int rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
+             : client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len,
+                               b, f->first, f->count, &c->copies, gpu);
+    if (rc == 0 && bytes > 0 && gpu && gpu->count) {
+        /* One launch for the frame's GPU pieces, the CPU copying the host
+         * ones meanwhile; both are done before the RELEASE goes. */
+        rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
+        if (rc) {
+            client_copy_reset(&c->copies);
+            c->why = "GPU copy failed";
+            return rc;
+        }
+    } else if (rc == 0 && bytes > 0) {
         client_copy_run(b->copier, &c->copies);
+    }
     client_copy_reset(&c->copies);
+    if (gpu)
+        gpu_list_reset(gpu);
     if (rc == GDRKV_E_PROTOCOL)
         return broken(c, "bad chunk lists");
     if (rc) {
@@ -545,6 +571,15 @@ static int recv_payload(struct client_conn *c)
         if ((size_t)n < want)
             return 0;
     }
+    /* GPU-bound values are in staging: their copy starts now and runs
+     * while the next frame is received. */
+    if (c->batch->gpu) {
+        int rc = gpu_conn_received(c->gpu, c->batch, c->frame);
+        if (rc) {
+            c->why = "GPU copy failed";
+            return rc;
+        }
+    }
     return 1;
 }
 
@@ -563,6 +598,10 @@ int client_conn_progress(struct client_conn *c)
     /* A phase that finishes goes straight on to the next: GET values
      * usually arrive with the header, and a lease's RELEASE can go out at
      * once. A request just sent waits for poll: its answer can't be there. */
+    if (c->gpu_err) {
+        c->why = "GPU staging failed";
+        return c->gpu_err;
+    }
     for (;;) {
         enum client_conn_phase before = c->phase;
         int rc = run_phase(c);

@@ -39,6 +39,7 @@ enum client_conn_phase {
 
 struct client_server;
 struct client_pool;
+struct gpu_conn;
 
 struct client_conn {
     int fd;
@@ -49,6 +50,8 @@ struct client_conn {
     int rdma_broken;            /* a QP failed: finish the frame, then close */
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
+    struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
+    int gpu_err;                /* the frame's GPU staging failed: fail it */
 
     /* The frame in flight. */
     enum client_conn_phase phase;

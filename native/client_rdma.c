@@ -11,6 +11,8 @@
 
 #include "client_chunks.h"
 #include "common.h"
+#include "cuda.h"
+#include "gpu_client.h"
 #include "gdrkv.h"
 #include "log.h"
 #include "net.h"
@@ -137,11 +139,11 @@ void client_rdma_destroy(struct client_rdma *r)
     pthread_mutex_destroy(&r->lock);
 }
 
-static int ready_locked(struct client_rdma *r)
+static int ready_locked(struct client_rdma *r, const char *near_pci)
 {
     if (r->state == 0) {
         struct rdma_dev *d = calloc(1, sizeof *d);
-        int rc = d ? rdma_dev_open(d, NULL, r->why, sizeof r->why) : GDRKV_E_INTERNAL;
+        int rc = d ? rdma_dev_open(d, near_pci, r->why, sizeof r->why) : GDRKV_E_INTERNAL;
         if (rc) {
             free(d);
             r->state = -1;
@@ -157,28 +159,96 @@ static int ready_locked(struct client_rdma *r)
 int client_rdma_ready(struct client_rdma *r)
 {
     pthread_mutex_lock(&r->lock);
-    int rc = ready_locked(r);
+    int rc = ready_locked(r, NULL);
     pthread_mutex_unlock(&r->lock);
     return rc;
 }
 
-static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access)
+/* ------------------------------------------------------------ GPU memory */
+
+/* "dddd:bb:dd.0" of a GPU, for choosing the NIC nearest to it. */
+static const char *gpu_pci_address(int device, char *buf, size_t len)
 {
-    /* Relaxed ordering lets the NIC reorder PCIe writes: much faster to
-     * GPUs behind some root complexes, and safe for one-sided data whose
-     * completion is what the reader waits for. Only asked for where the
-     * library knows the flag (ibv_reg_mr_iova2 came with it). */
-    if (d->ibv->reg_mr_iova2)
-        return d->ibv->reg_mr_iova2(d->pd, (void *)(uintptr_t)ptr, len, ptr,
-                                    (unsigned)(access | IBV_ACCESS_RELAXED_ORDERING));
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdevice dev;
+    int domain, bus, slot;
+    if (!cu || cu->cuDeviceGet(&dev, device) ||
+        cu->cuDeviceGetAttribute(&domain, GK_CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev) ||
+        cu->cuDeviceGetAttribute(&bus, GK_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) ||
+        cu->cuDeviceGetAttribute(&slot, GK_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev))
+        return NULL;
+    snprintf(buf, len, "%04x:%02x:%02x.0", (unsigned)domain, (unsigned)bus, (unsigned)slot);
+    return buf;
+}
+
+/* Before Hopper (compute capability 9), a NIC write completing does not
+ * mean the GPU sees it: such memory needs the flush READ. */
+static int gpu_needs_flush(int device)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdevice dev;
+    int major = 0;
+    if (!cu || cu->cuDeviceGet(&dev, device) ||
+        cu->cuDeviceGetAttribute(&major, GK_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        return 1;   /* unknown: the safe side */
+    return major < 9;
+}
+
+/* GPU memory through dma-buf: exported from its allocation's base (page
+ * aligned, as the driver wants), registered at the range's offset, so
+ * every NIC shares one BAR1 mapping of the allocation. Without dma-buf
+ * (old driver or rdma-core) plain ibv_reg_mr works where nvidia-peermem
+ * is loaded. */
+static struct ibv_mr *reg_gpu(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access,
+                              int *dmabuf_fd)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdeviceptr base;
+    size_t size;
+    *dmabuf_fd = -1;
+    if (cu && cu->cuMemGetHandleForAddressRange && d->ibv->reg_dmabuf_mr &&
+        cu->cuMemGetAddressRange(&base, &size, ptr) == GK_CUDA_SUCCESS) {
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t start = base & ~(page - 1);
+        uint64_t span = (base + size - start + page - 1) & ~(page - 1);
+        int fd = -1;
+        CUresult cr = cu->cuMemGetHandleForAddressRange(&fd, start, span,
+                                                        GK_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        if (cr == GK_CUDA_SUCCESS && fd >= 0) {
+            struct ibv_mr *mr = d->ibv->reg_dmabuf_mr(d->pd, ptr - start, len, ptr, fd, access);
+            if (mr) {
+                *dmabuf_fd = fd;
+                return mr;
+            }
+            GK_INFO("rdma: dma-buf registration failed (%s); trying nvidia-peermem",
+                    strerror(errno));
+            close(fd);
+        } else {
+            GK_INFO("rdma: no dma-buf for GPU memory (%s); trying nvidia-peermem",
+                    gk_cuda_strerror(cr));
+        }
+    }
     return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
 }
 
-int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
+/* access carries relaxed ordering where the library knows the flag
+ * (ibv_reg_mr_iova2 came with it): the NIC may then reorder its PCIe
+ * writes, much faster to GPUs behind some root complexes, and safe for
+ * one-sided data whose completion is what the reader waits for. */
+static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access)
 {
+    if (d->ibv->reg_mr_iova2)
+        return d->ibv->reg_mr_iova2(d->pd, (void *)(uintptr_t)ptr, len, ptr, (unsigned)access);
+    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
+}
+
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
+{
+    char pci[32];
     int rc;
     pthread_mutex_lock(&r->lock);
-    rc = ready_locked(r);
+    rc = ready_locked(r, device >= 0 && r->state == 0 ? gpu_pci_address(device, pci, sizeof pci)
+                                                       : NULL);
     for (uint32_t i = 0; rc == 0 && i < r->nmrs; i++)
         if (r->mrs[i].ptr == ptr && r->mrs[i].len == len)
             goto out;   /* the MR cache: the same range again costs nothing */
@@ -195,9 +265,15 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
         uint64_t t0 = gk_now_ns();
         /* Remote read only for the flush QP, which is connected to itself:
          * the data QPs grant the server no access at all. */
-        int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS;
+        int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS ||
+                    (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 &&
+                     gpu_needs_flush(device));
         int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
-        struct ibv_mr *mr = reg_host(d, ptr, len, access);
+        int dmabuf_fd = -1;
+        if (d->ibv->reg_mr_iova2)
+            access |= IBV_ACCESS_RELAXED_ORDERING;
+        struct ibv_mr *mr = device >= 0 ? reg_gpu(d, ptr, len, access, &dmabuf_fd)
+                                        : reg_host(d, ptr, len, access);
         if (!mr) {
             GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s",
                     (unsigned long long)len, (unsigned long long)ptr, d->name, strerror(errno));
@@ -207,7 +283,7 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
                      (unsigned long long)((gk_now_ns() - t0) / 1000));
             r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
                                                    .lkey = mr->lkey, .rkey = mr->rkey,
-                                                   .dmabuf_fd = -1, .flush = flush};
+                                                   .dmabuf_fd = dmabuf_fd, .flush = flush};
         }
     }
 out:
@@ -408,9 +484,13 @@ static const struct rdma_region *region_of(const struct client_rdma_conn *rc, ui
 
 /* A piece of the walk becomes one SGE-sized piece (or several, past the
  * 1 GiB an SGE may carry). The caller holds the owner's lock (lkeys). */
-static int add_piece(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off, uint64_t len)
+static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
+                     uint64_t len)
 {
     struct client_rdma_conn *rc = arg;
+    /* rdma frames are never redirected to staging: seg_ptrs is the
+     * caller's address, GPU memory included (its MR is a dma-buf one). */
+    uint64_t seg_addr = rc->batch->seg_ptrs[seg] + seg_off;
     const struct rdma_region *g = region_of(rc, pool_off, len);
     const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
     struct rdma_piece piece = {.key = p};
@@ -456,6 +536,8 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     struct client_rdma *r = rc->owner;
     rdma_pieces_reset(&rc->pieces);
     rc->nflush = 0;
+    rc->batch = b;
+    rc->frame = f;
     pthread_mutex_lock(&r->lock);
     int rc_plan = client_chunks_walk(lists, len, rc->pool_size, b, f->first, f->count, listed,
                                      lens, add_piece, rc);
@@ -464,8 +546,6 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
         return rc_plan == GDRKV_E_INTERNAL ? GDRKV_E_PROTOCOL : rc_plan;
 
     struct rdma_post_stats st = {0};
-    rc->batch = b;
-    rc->frame = f;
     int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
     rc->flags = NULL;
     /* The READs are complete, but before Hopper the GPU may not see their
@@ -499,6 +579,14 @@ int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t l
 int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                       struct client_batch *b, const struct client_frame *f, uint8_t *flags)
 {
+    /* GPU values: the NIC reads them after the work queued before the call
+     * on the caller's stream (or the legacy default stream) is done. */
+    const struct gk_cuda *cu = b->gpu ? gk_cuda_if_loaded() : NULL;
+    if (cu && cu->cuStreamSynchronize((CUstream)(uintptr_t)b->gpu->stream) != GK_CUDA_SUCCESS) {
+        for (uint32_t p = f->first; p < f->first + f->count; p++)
+            flags[p - f->first] = 0, b->results[b->index[p]] = GDRKV_E_INTERNAL;
+        return 0;
+    }
     rc->flags = flags;
     return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
 }
@@ -513,7 +601,7 @@ int client_rdma_ready(struct client_rdma *r)
     return GDRKV_E_UNAVAILABLE;
 }
 
-int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len)
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
 {
     return client_rdma_ready(r);
 }

@@ -58,9 +58,12 @@ int client_rdma_init(struct client_rdma *r);
 void client_rdma_destroy(struct client_rdma *r);
 /* Opens the device on first use: 0, or GDRKV_E_UNAVAILABLE (r->why). */
 int client_rdma_ready(struct client_rdma *r);
-/* Registers [ptr, ptr + len) with the NIC; GPU memory goes through
- * dma-buf. 0 or a negative gdrkv_error. */
-int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len);
+/* Registers [ptr, ptr + len) with the NIC: host memory with ibv_reg_mr,
+ * GPU memory (device >= 0, its ordinal) through dma-buf, or with
+ * ibv_reg_mr where nvidia-peermem makes that work. The first registration
+ * opens the device, the one closest to that GPU when it is GPU memory.
+ * 0 or a negative gdrkv_error. */
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device);
 void client_rdma_unregister(struct client_rdma *r, uint64_t ptr);
 
 struct client_rdma_conn;

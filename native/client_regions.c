@@ -5,6 +5,7 @@
 #include "client_regions.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "gdrkv.h"
 
@@ -28,6 +29,12 @@ static int overlaps(const struct client_region *a, uint64_t ptr, uint64_t len)
 
 int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len)
 {
+    return client_regions_add_dev(r, ptr, len, -1, 0);
+}
+
+int client_regions_add_dev(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
+                           uint64_t buffer_id)
+{
     int rc = 0;
 
     if (len == 0 || ptr + len < ptr)
@@ -47,7 +54,8 @@ int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len)
         }
     }
     if (!rc)
-        r->list[r->count++] = (struct client_region){.ptr = ptr, .len = len};
+        r->list[r->count++] = (struct client_region){.ptr = ptr, .len = len, .device = device,
+                                                     .buffer_id = buffer_id};
     pthread_mutex_unlock(&r->lock);
     return rc;
 }
@@ -64,6 +72,22 @@ int client_regions_remove(struct client_regions *r, uint64_t ptr)
             break;
         }
     }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+int client_regions_snapshot(struct client_regions *r, struct client_region **out,
+                            uint32_t *count)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&r->lock);
+    *count = r->count;
+    *out = malloc((r->count ? r->count : 1) * sizeof **out);
+    if (*out && r->count)
+        memcpy(*out, r->list, r->count * sizeof **out);
+    else if (!*out)
+        rc = GDRKV_E_INTERNAL;
     pthread_mutex_unlock(&r->lock);
     return rc;
 }

@@ -13,6 +13,8 @@
 struct client_region {
     uint64_t ptr;
     uint64_t len;
+    int device;             /* GPU ordinal, or -1 for host memory */
+    uint64_t buffer_id;     /* GPU: CUDA's id of the allocation, to notice it was freed */
 };
 
 struct client_regions {
@@ -25,6 +27,13 @@ int client_regions_init(struct client_regions *r);
 void client_regions_destroy(struct client_regions *r);
 /* 0, or GDRKV_E_INVALID (empty, wrapping, or overlapping a registered range). */
 int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len);
+/* The same for a range of GPU device's memory (device -1: host memory). */
+int client_regions_add_dev(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
+                           uint64_t buffer_id);
+/* A copy of the ranges (*out to free()), for a call to look segments up
+ * in without holding the lock; 0 or GDRKV_E_INTERNAL. */
+int client_regions_snapshot(struct client_regions *r, struct client_region **out,
+                            uint32_t *count);
 /* 0, or GDRKV_E_NOT_FOUND when no range starts at ptr. */
 int client_regions_remove(struct client_regions *r, uint64_t ptr);
 

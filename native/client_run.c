@@ -14,6 +14,7 @@
 #include "client_conn.h"
 #include "client_server.h"
 #include "common.h"
+#include "gpu_client.h"
 
 static void count_failure(struct gdrkv_client *c, int err, uint64_t n)
 {
@@ -185,10 +186,30 @@ static void for_each_server(struct gdrkv_client *c, struct client_call *call,
     }
 }
 
+/* GPU copies still in flight (tcp GETs) finish before the call returns;
+ * a job whose copy failed has its keys failed. */
+static void finish_gpu(struct gdrkv_client *c, struct client_call *call)
+{
+    struct gpu_call *g = call->batch.gpu;
+
+    for (uint32_t j = 0; j < call->njobs; j++) {
+        struct client_job *job = &call->jobs[j];
+        if (job->conn && gpu_conn_drain(job->conn->gpu)) {
+            job->done = 0;
+            fail_job(c, call, job, GDRKV_E_INTERNAL, "GPU copy failed");
+        }
+    }
+    gk_counter_add(&c->counters.gpu_bytes, g->stats.bytes);
+    gk_counter_add(&c->counters.gpu_kernel_launches, g->stats.kernel_launches);
+    gk_counter_add(&c->counters.gpu_copy_engine_calls, g->stats.copy_engine_calls);
+}
+
 void client_run(struct gdrkv_client *c, struct client_call *call)
 {
     for_each_server(c, call, check_out);
     drive(c, call);
+    if (call->batch.gpu)
+        finish_gpu(c, call);
     for_each_server(c, call, check_in);
     gk_counter_add(&c->counters.bytes_sent, call->batch.bytes_sent);
     gk_counter_add(&c->counters.bytes_received, call->batch.bytes_received);

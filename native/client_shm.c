@@ -19,6 +19,7 @@
 #include "client_server.h"
 #include "common.h"
 #include "gdrkv.h"
+#include "gpu_client.h"
 #include "log.h"
 #include "net.h"
 #include "protocol.h"
@@ -26,6 +27,7 @@
 void client_pool_put(struct client_pool *p)
 {
     if (p && __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        gpu_pool_release(p);
         munmap((void *)p->base, p->map_len);
         free(p);
     }
@@ -181,23 +183,33 @@ int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct cli
 /* ------------------------------------------------------------ copies */
 
 struct shm_plan {
-    struct client_copy_list *out;
+    const struct client_batch *b;
     const struct client_pool *pool;
+    struct client_copy_list *out;
+    struct gpu_list *gpu;
 };
 
-static int add_copy(void *arg, uint32_t p, uint64_t seg_addr, uint64_t pool_off, uint64_t len)
+/* Host destinations become CPU copies; GPU ones go to the frame's launch. */
+static int add_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
+                    uint64_t len)
 {
     struct shm_plan *plan = arg;
+    const struct client_batch *b = plan->b;
+    const uint8_t *src = plan->pool->base + pool_off;
+    int dev = gpu_seg_device(b->gpu, seg);
     (void)p;
-    return client_copy_add(plan->out, (uint8_t *)(uintptr_t)seg_addr,
-                           plan->pool->base + pool_off, (size_t)len);
+    if (dev >= 0)
+        return gpu_list_add(plan->gpu, dev, b->gpu->orig[seg] + seg_off,
+                            (uint64_t)(uintptr_t)src, len);
+    return client_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
+                           (size_t)len);
 }
 
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct client_copy_list *out)
+                    struct client_copy_list *out, struct gpu_list *gpu)
 {
-    struct shm_plan plan = {.out = out, .pool = pool};
+    struct shm_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
     return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
                               &plan);
 }

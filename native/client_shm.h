@@ -15,6 +15,7 @@
 #include "client_copy.h"
 
 struct client_server;
+struct gpu_list;
 
 /* One mapping of a server's pool. A restarted server has a new memfd, so a
  * new mapping; the old one goes when its last connection does. */
@@ -25,6 +26,8 @@ struct client_pool {
     dev_t dev;
     ino_t ino;
     uint32_t refs;          /* atomic: the server's current pool holds one */
+    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
+    uint64_t gpu_dptr;      /* where the GPU reads base (gpu_client.c) */
 };
 
 /* Connects to s's unix socket and maps its pool: returns the connected,
@@ -35,10 +38,11 @@ void client_pool_put(struct client_pool *p);
 /* Appends the copies a LEASE answer describes for keys [first, first +
  * count) of b: lists/len are the chunk lists after the results, and keys
  * whose result is a hit (b->got[p] bytes) have one each. Every length and
- * offset is checked against the pool and the destination first. Returns 0
+ * offset is checked against the pool and the destination first. Copies
+ * into GPU memory (b->gpu says which) go to gpu instead of out. Returns 0
  * or GDRKV_E_PROTOCOL (malformed) / GDRKV_E_INTERNAL (out of memory). */
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct client_copy_list *out);
+                    struct client_copy_list *out, struct gpu_list *gpu);
 
 #endif

@@ -89,6 +89,15 @@ enum gdrkv_transport {
                                    for remote servers when both sides have it */
 };
 
+/* How values move to and from GPU memory (docs/gpu.md). */
+enum gdrkv_gpu_copy {
+    GDRKV_GPU_COPY_AUTO = 0,    /* the kernel for small pieces, copy engines for large */
+    GDRKV_GPU_COPY_KERNEL = 1,  /* one kernel launch per frame: link speed at any page
+                                   size, but it uses SMs and HBM bandwidth */
+    GDRKV_GPU_COPY_ENGINE = 2   /* cuMemcpyBatchAsync (per-piece cuMemcpyAsync on older
+                                   drivers): no SMs, slower for small pages */
+};
+
 typedef struct gdrkv_client_opts {
     const char *servers;        /* "host:port[,host:port...]"; an entry "unix:PATH"
                                    is a local server reached on that socket */
@@ -99,6 +108,7 @@ typedef struct gdrkv_client_opts {
     uint32_t backoff_min_ms;    /* first retry delay after a server failed */
     uint32_t backoff_max_ms;    /* cap of the exponential backoff */
     int transport;              /* enum gdrkv_transport */
+    int gpu_copy;               /* enum gdrkv_gpu_copy */
 } gdrkv_client_opts;
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts);
@@ -107,9 +117,12 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out,
 void gdrkv_client_close(gdrkv_client *c);
 
 /* Registers memory the batch calls will read from or write into. Over tcp
- * this only records the range; rdma registers it with the NIC (an MR), and
- * only registered memory moves by RDMA: frames touching other memory go
- * over the control connection. */
+ * this only records the range; rdma registers it with the NIC (an MR: GPU
+ * memory through dma-buf), and only registered memory moves by RDMA: frames
+ * touching other host memory go over the control connection. GPU memory
+ * (recognised through the CUDA driver, when the process has it loaded)
+ * must lie in one allocation; GPU segments of batch calls must lie in a
+ * registered range, else their key fails with GDRKV_E_INVALID. */
 int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len);
 int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr);
 
@@ -135,6 +148,24 @@ int gdrkv_batch_get(gdrkv_client *c, uint32_t n, const char *keys,
                     const uint32_t *key_lens, const uint64_t *seg_ptrs,
                     const uint64_t *seg_lens, const uint32_t *seg_counts,
                     int64_t *results);
+/*
+ * The same with a CUDA stream (a CUstream/cudaStream_t as an integer; 0 =
+ * none) for the copies into and out of GPU segments: they are queued on
+ * it, so a PUT reads GPU memory after the work queued there before the
+ * call, and work queued after the call sees what a GET wrote. The call
+ * still returns only once every copy is done (the shm lease, staging
+ * buffers and the caller's buffers are free then). Without a stream the
+ * copies run on streams of the client's own, ordered after work on the
+ * legacy default stream.
+ */
+int gdrkv_batch_put_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream);
+int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream);
 int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys,
                        const uint32_t *key_lens, int64_t *results);
 int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys,
@@ -154,5 +185,19 @@ int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
 int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len);
 /* The client's own counters, same format. */
 int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len);
+
+/* ---------------------------------------------------------------- GPU */
+
+/* 1 when the CUDA driver loads and sees a GPU, else 0; why gets a line
+ * saying which (driver version and GPU count, or the reason). */
+int gdrkv_gpu_available(char *why, size_t len);
+/* Copies n pieces (unified addresses the GPU reaches: device memory,
+ * pinned host memory) with gdrkv's GPU copy path (mode: enum
+ * gdrkv_gpu_copy, or 3: one cuMemcpyAsync per piece, the baseline the
+ * bench shows) in the primary context of GPU device, on stream (0 =
+ * the library's own); returns once they are done: 0 or a negative error.
+ * What `gdrkv bench --gpu` measures the one-launch ceiling with. */
+int gdrkv_gpu_copy(int device, uint32_t n, const uint64_t *dsts, const uint64_t *srcs,
+                   const uint64_t *lens, int mode, uint64_t stream);
 
 #endif

@@ -26,6 +26,7 @@ import sys
 import time
 from collections import Counter
 
+from . import bench_gpu
 from .client import Client
 from .doctor import cpu_model
 from .errors import strerror
@@ -74,9 +75,12 @@ def add_arguments(parser):
                              "every server: no --url, --conns or --transport)")
     parser.add_argument("--png", metavar="PATH",
                         help="with --compare: plot throughput against object size here")
+    bench_gpu.add_arguments(parser)
 
 
 def run(args):
+    if args.gpu:
+        return bench_gpu.run(args)
     if args.compare:
         from . import bench_compare
         args.sizes = args.sizes or _sizes(bench_compare.DEFAULT_SIZES)

@@ -28,7 +28,9 @@ _INT_OPTIONS = {
 }
 # Transport names and their enum gdrkv_transport values.
 _TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2, "rdma": 3}
-_OPTIONS = ("namespace", "transport", *_INT_OPTIONS)
+# gpu_copy names and their enum gdrkv_gpu_copy values.
+_GPU_COPY = {"auto": 0, "kernel": 1, "copy_engine": 2}
+_OPTIONS = ("namespace", "transport", "gpu_copy", *_INT_OPTIONS)
 
 
 class Client:
@@ -43,7 +45,8 @@ class Client:
     (4 connections per server), transport ("auto": shm to a server on this
     host whose unix socket answers, tcp otherwise; "tcp"; or "shm"),
     backoff_min_ms (100) and backoff_max_ms (5000) for reconnecting to a
-    server that failed.
+    server that failed, gpu_copy ("auto", "kernel" or "copy_engine": how
+    values move to and from GPU memory, docs/gpu.md).
 
     Batch calls report per-key results and never raise for a per-key
     failure; a server that is down turns into misses and failed puts. Many
@@ -63,6 +66,7 @@ class Client:
         opts.servers = servers_c
         opts.ns = ns_c
         opts.transport = _TRANSPORTS[self.transport]
+        opts.gpu_copy = _GPU_COPY[opts_values["gpu_copy"]]
         for name, (_, minimum) in _INT_OPTIONS.items():
             set_int_field(opts, name, opts_values[name], name, minimum)
 
@@ -86,8 +90,10 @@ class Client:
     def register(self, obj_or_ptr, nbytes=None):
         """Registers memory that batch calls will read from or write into and
         returns (ptr, nbytes). obj_or_ptr is a buffer-protocol object
-        (bytearray, memoryview, mmap, numpy array), a CPU torch tensor, or an
-        int address with nbytes. The object is kept alive until unregister().
+        (bytearray, memoryview, mmap, numpy array), a torch tensor (CPU or
+        CUDA), or an int address with nbytes (host or GPU memory: the C
+        client asks the CUDA driver which). The object is kept alive until
+        unregister().
         """
         ptr, size, keepalive = _memory_of(obj_or_ptr)
         if nbytes is None:
@@ -114,18 +120,27 @@ class Client:
 
     # ------------------------------------------------------------ batches
 
-    def batch_put(self, keys, ptrs, sizes):
+    def batch_put(self, keys, ptrs, sizes, stream=None):
         """Stores object i from ptrs[i]/sizes[i] (ints, or lists of ints for
         an object made of several segments) under keys[i] (str or bytes).
         Returns 0 or a negative error code per key; a key already stored
-        keeps its value and reports 0."""
-        return self._keyed_call(lib.gdrkv_batch_put, keys, _segments(ptrs, sizes, len(keys)))
+        keeps its value and reports 0. Segments may be registered GPU
+        memory; stream (a torch.cuda.Stream, or a cudaStream_t as an int)
+        orders the reads of GPU memory after the work queued on it. The
+        call returns once the values are stored either way."""
+        return self._keyed_call(lib.gdrkv_batch_put_stream, keys,
+                                _segments(ptrs, sizes, len(keys)), _stream(stream))
 
-    def batch_get(self, keys, ptrs, sizes):
+    def batch_get(self, keys, ptrs, sizes, stream=None):
         """Reads object i into ptrs[i]/sizes[i]. Returns the bytes read, or a
         negative error code (E_NOT_FOUND, E_TOO_SMALL, ...) per key. Raises
-        GdrkvError only when the call could not run at all (E_CLOSED, ...)."""
-        return self._keyed_call(lib.gdrkv_batch_get, keys, _segments(ptrs, sizes, len(keys)))
+        GdrkvError only when the call could not run at all (E_CLOSED, ...).
+        Segments may be registered GPU memory; with stream (a
+        torch.cuda.Stream, or a cudaStream_t as an int) the copies into it
+        are queued there, after the work queued before the call. The call
+        returns once the bytes are in place either way."""
+        return self._keyed_call(lib.gdrkv_batch_get_stream, keys,
+                                _segments(ptrs, sizes, len(keys)), _stream(stream))
 
     def batch_exists(self, keys):
         """Whether each key is stored; a server that cannot be asked reads as
@@ -140,7 +155,7 @@ class Client:
         """0 or a negative error code (E_NOT_FOUND) per key."""
         return self._keyed_call(lib.gdrkv_batch_delete, keys, ())
 
-    def _keyed_call(self, c_function, keys, segments):
+    def _keyed_call(self, c_function, keys, segments, *extra):
         """Runs a batch C call over keys; the per-key results as a list."""
         key_bytes = [k.encode() if isinstance(k, str) else k for k in keys]
         key_lens = array("I", map(len, key_bytes))
@@ -149,7 +164,8 @@ class Client:
         with self._calls:
             if n:
                 check(c_function(self._handle, n, b"".join(key_bytes),
-                                 ffi.from_buffer("uint32_t[]", key_lens), *segments, results))
+                                 ffi.from_buffer("uint32_t[]", key_lens), *segments, results,
+                                 *extra))
         return ffi.unpack(results, n)
 
     # ------------------------------------------------------------ one object
@@ -282,7 +298,7 @@ def _resolve_options(given):
     unknown = sorted(set(given) - set(_OPTIONS))
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r}; valid options: {', '.join(_OPTIONS)}")
-    values = {"namespace": "", "transport": "auto"}
+    values = {"namespace": "", "transport": "auto", "gpu_copy": "auto"}
     values.update((name, default) for name, (default, _) in _INT_OPTIONS.items())
     values.update(given)
 
@@ -295,6 +311,9 @@ def _resolve_options(given):
     transport = values["transport"]
     if transport not in _TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, not {transport!r}")
+    if values["gpu_copy"] not in _GPU_COPY:
+        raise ValueError(f"gpu_copy must be one of {', '.join(_GPU_COPY)}, "
+                         f"not {values['gpu_copy']!r}")
     for name in _INT_OPTIONS:
         if isinstance(values[name], str):
             try:
@@ -345,8 +364,8 @@ def _memory_of(obj):
             raise ValueError(f"a pointer must not be negative, not {obj}")
         return obj, None, None
     if _is_tensor(obj):
-        if obj.device.type != "cpu":
-            raise ValueError("GPU memory is not supported yet")
+        if obj.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"cannot register memory of a {obj.device.type} tensor")
         if not obj.is_contiguous():
             raise ValueError("only contiguous tensors can be registered")
         return obj.data_ptr(), obj.numel() * obj.element_size(), obj
@@ -356,6 +375,16 @@ def _memory_of(obj):
         raise ValueError(f"cannot register a {type(obj).__name__}: expected a buffer-protocol "
                          "object, a torch tensor or an int pointer with nbytes") from None
     return _address(view), len(view), view
+
+
+def _stream(stream):
+    """A CUDA stream as the integer handle the C API takes (0: none)."""
+    if stream is None:
+        return 0
+    handle = getattr(stream, "cuda_stream", stream)     # torch.cuda.Stream
+    if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+        raise ValueError(f"stream must be a torch.cuda.Stream or an int handle, not {stream!r}")
+    return handle
 
 
 def _is_tensor(obj):

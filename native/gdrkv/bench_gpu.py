@@ -1,0 +1,291 @@
+"""gdrkv bench --gpu: host<->GPU transfers of scattered pages, gdrkv against
+the ceilings measured in the same run on the same buffers.
+
+Ceilings (pinned host memory <-> GPU pages scattered over twice their
+size; the pieces are handed to the driver from C, so no Python loop is
+timed): one cuMemcpyAsync per page (what cudaMemcpyAsync per page gives),
+one cuMemcpyBatchAsync for the batch, and gdrkv's copy kernel doing the
+whole batch in one launch (gdrkv.gpu.copy). Then gdrkv itself: GET from a
+`gdrkv serve` process over shm (and tcp) into scattered GPU pages, and PUT
+from them, calling the C API with arrays built once. Last, interference:
+how much slower a memory-bound kernel (a big device-to-device copy, the
+stand-in for decode) runs while gdrkv streams GETs into the GPU, with
+gpu_copy=kernel and gpu_copy=copy_engine.
+
+Needs torch (for GPU memory and CUDA events); the library does not.
+"""
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+from . import bench as _bench
+from . import gpu
+from ._native import ffi, lib
+from .client import Client
+from .sizes import format_size
+from .table import format_table
+
+GPU_SIZES = "4KiB,16KiB,64KiB,256KiB,1MiB"
+CEILING_BYTES = 256 << 20      # moved per ceiling measurement
+BATCH_BYTES = 16 << 20          # per gdrkv batch call
+STORE_BYTES = 128 << 20         # stored per size, read back batch by batch
+MIN_TIME_S = 0.3
+INTERFERENCE_PAGE = 64 << 10
+INTERFERENCE_BYTES = 512 << 20  # each memory-bound kernel reads and writes this much
+
+
+def add_arguments(parser):
+    parser.add_argument("--gpu", action="store_true",
+                        help="host<->GPU: per-page cudaMemcpyAsync, cuMemcpyBatchAsync and "
+                             "one-kernel ceilings, gdrkv GET/PUT into scattered GPU pages, "
+                             "and interference with a memory-bound kernel")
+    parser.add_argument("--gpu-transports", default="shm,tcp",
+                        help="with --gpu: transports to measure (default shm,tcp)")
+
+
+def run(args):
+    ok, why = gpu.available()
+    if not ok:
+        print(f"gdrkv bench --gpu: no GPU: {why}", file=sys.stderr)
+        return 1
+    try:
+        import torch
+    except ImportError:
+        print("gdrkv bench --gpu: needs torch for GPU memory and CUDA events", file=sys.stderr)
+        return 1
+    sizes = args.sizes or _bench._sizes(GPU_SIZES)
+    transports = [t for t in args.gpu_transports.split(",") if t]
+    report = {"gpu": torch.cuda.get_device_name(0), "driver": why, "sizes": sizes,
+              "ceilings": [], "gdrkv": [], "interference": []}
+    print(f"# {report['gpu']} ({why})", flush=True)
+    report["ceilings"] = [_ceilings(torch, size) for size in sizes]
+    print(_ceiling_table(report["ceilings"]), flush=True)
+    with _bench._server(_ServerArgs(args)) as url:
+        for transport in transports:
+            for size in sizes:
+                report["gdrkv"] += _gdrkv(torch, url, transport, size)
+        print(_gdrkv_table(report["gdrkv"], report["ceilings"]), flush=True)
+        if "shm" in transports:
+            report["interference"] = _interference(torch, url)
+            print(_interference_table(report["interference"]), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+class _ServerArgs:
+    """What bench._server needs; its smallest pool (1.25 GiB) holds the
+    STORE_BYTES one measurement stores at a time."""
+
+    def __init__(self, args):
+        self.url = args.url
+        self.count = 1
+        self.sizes = [1]
+
+
+# ---------------------------------------------------------------- helpers
+
+def _scattered(base, size, count, seed):
+    slots = list(range(2 * count))
+    random.Random(seed).shuffle(slots)
+    return [base + s * size for s in slots[:count]]
+
+
+def _rate(fn, nbytes):
+    """GB/s of fn() moving nbytes: median of rounds lasting MIN_TIME_S."""
+    fn()                                        # warm-up: first touches, registrations
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-6)
+    reps = max(1, int(MIN_TIME_S / once))
+    rates = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        rates.append(reps * nbytes / (time.perf_counter() - start) / 1e9)
+    return statistics.median(rates)
+
+
+# ---------------------------------------------------------------- ceilings
+
+def _ceilings(torch, size):
+    count = CEILING_BYTES // size
+    host = torch.empty(CEILING_BYTES, dtype=torch.uint8).pin_memory()
+    host.fill_(7)
+    dev = torch.zeros(2 * CEILING_BYTES, dtype=torch.uint8, device="cuda")
+    hp = [host.data_ptr() + i * size for i in range(count)]
+    dp = _scattered(dev.data_ptr(), size, count, seed=size)
+    lens = [size] * count
+    row = {"size": size}
+    h2d, d2h = gpu.Pieces(dp, hp, lens), gpu.Pieces(hp, dp, lens)
+    for mode in ("per_piece", "copy_engine", "kernel"):
+        row[f"{mode}_h2d"] = _rate(lambda: gpu.copy(0, h2d, mode), CEILING_BYTES)
+        row[f"{mode}_d2h"] = _rate(lambda: gpu.copy(0, d2h, mode), CEILING_BYTES)
+    del host, dev
+    torch.cuda.empty_cache()
+    return row
+
+
+def _best(row, direction):
+    return max(row[f"{m}_{direction}"] for m in ("per_piece", "copy_engine", "kernel"))
+
+
+# ---------------------------------------------------------------- gdrkv
+
+class _Batch:
+    """A batch call's C arrays, built once so the timing holds no Python
+    marshalling: keys[first:first+n] into (or from) ptrs."""
+
+    def __init__(self, keys, ptrs, size):
+        blob = b"".join(k.encode() for k in keys)
+        self.n = len(keys)
+        self.keys = ffi.new("char[]", blob)
+        self.key_lens = ffi.new("uint32_t[]", [len(k.encode()) for k in keys])
+        self.ptrs = ffi.new("uint64_t[]", ptrs)
+        self.lens = ffi.new("uint64_t[]", [size] * self.n)
+        self.counts = ffi.new("uint32_t[]", [1] * self.n)
+        self.results = ffi.new("int64_t[]", self.n)
+
+    def call(self, client, fn, expect):
+        rc = fn(client._handle, self.n, self.keys, self.key_lens, self.ptrs, self.lens,
+                self.counts, self.results, 0)
+        bad = [r for r in ffi.unpack(self.results, self.n) if r != expect]
+        if rc or bad:
+            raise RuntimeError(f"batch call failed: rc {rc}, {len(bad)} keys, e.g. {bad[:3]}")
+
+
+def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto")):
+    per_batch = max(1, BATCH_BYTES // size)
+    nbatches = max(1, STORE_BYTES // BATCH_BYTES)
+    count = per_batch * nbatches
+    dev = torch.empty(2 * count * size, dtype=torch.uint8, device="cuda")
+    dev.random_(0, 256)
+    torch.cuda.synchronize()
+    ptrs = _scattered(dev.data_ptr(), size, count, seed=size + 1)
+    rows = []
+    for mode in modes:
+        ns = f"bench-gpu-{os.getpid()}-{transport}-{size}-{mode}"
+        with Client(url, transport=transport, namespace=ns, gpu_copy=mode) as client:
+            client.register(dev)
+            batches = [_Batch([f"{i}" for i in range(b * per_batch, (b + 1) * per_batch)],
+                              ptrs[b * per_batch:(b + 1) * per_batch], size)
+                       for b in range(nbatches)]
+            # PUT: each round stores fresh keys, so it is timed once over all batches.
+            start = time.perf_counter()
+            for batch in batches:
+                batch.call(client, lib.gdrkv_batch_put_stream, 0)
+            put = count * size / (time.perf_counter() - start) / 1e9
+            state = {"j": 0}
+
+            def get():
+                batches[state["j"] % nbatches].call(client, lib.gdrkv_batch_get_stream, size)
+                state["j"] += 1
+
+            rows.append({"transport": transport, "size": size, "gpu_copy": mode,
+                         "get_gb_per_s": _rate(get, per_batch * size),
+                         "put_gb_per_s": put, "keys_per_batch": per_batch})
+            client.clear()
+            client.unregister(dev)
+    del dev
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------- interference
+
+def _memory_bound(torch, a, b, stream, iters):
+    """Milliseconds per device-to-device copy of a into b on stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        for _ in range(iters):
+            b.copy_(a)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _interference(torch, url):
+    a = torch.empty(INTERFERENCE_BYTES, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    stream = torch.cuda.Stream()
+    _memory_bound(torch, a, b, stream, 10)
+    alone = statistics.median(_memory_bound(torch, a, b, stream, 100) for _ in range(3))
+    size, per_batch = INTERFERENCE_PAGE, BATCH_BYTES // INTERFERENCE_PAGE
+    dev = torch.zeros(2 * per_batch * size, dtype=torch.uint8, device="cuda")
+    ptrs = _scattered(dev.data_ptr(), size, per_batch, seed=9)
+    rows = []
+    for mode in ("kernel", "copy_engine"):
+        with Client(url, transport="shm", namespace=f"bench-intf-{os.getpid()}-{mode}",
+                    gpu_copy=mode) as client:
+            client.register(dev)
+            batch = _Batch([f"i{i}" for i in range(per_batch)], ptrs, size)
+            batch.call(client, lib.gdrkv_batch_put_stream, 0)
+            stop, moved = threading.Event(), [0]
+
+            def stream_gets():
+                while not stop.is_set():
+                    batch.call(client, lib.gdrkv_batch_get_stream, size)
+                    moved[0] += per_batch * size
+
+            thread = threading.Thread(target=stream_gets)
+            thread.start()
+            try:
+                time.sleep(0.2)
+                t0, m0 = time.perf_counter(), moved[0]
+                busy = statistics.median(_memory_bound(torch, a, b, stream, 100)
+                                         for _ in range(3))
+                gbps = (moved[0] - m0) / (time.perf_counter() - t0) / 1e9
+            finally:
+                stop.set()
+                thread.join()
+            rows.append({"gpu_copy": mode, "page": size, "kernel_ms_alone": alone,
+                         "kernel_ms_with_gdrkv": busy,
+                         "slowdown_pct": 100 * (busy / alone - 1),
+                         "gdrkv_get_gb_per_s": gbps})
+            client.clear()
+    del a, b, dev
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------- tables
+
+def _ceiling_table(rows):
+    out = [["page", "per-page memcpy H2D/D2H", "batch memcpy H2D/D2H", "one kernel H2D/D2H"]]
+    for r in rows:
+        out.append([format_size(r["size"])] + [
+            f"{r[m + '_h2d']:.1f} / {r[m + '_d2h']:.1f}"
+            for m in ("per_piece", "copy_engine", "kernel")])
+    return "ceilings, GB/s (pinned host <-> scattered GPU pages)\n" + format_table(out)
+
+
+def _gdrkv_table(rows, ceilings):
+    best = {c["size"]: (_best(c, "h2d"), _best(c, "d2h")) for c in ceilings}
+    out = [["transport", "page", "gpu_copy", "GET GB/s", "% best H2D", "PUT GB/s",
+            "% best D2H"]]
+    for r in rows:
+        h2d, d2h = best[r["size"]]
+        out.append([r["transport"], format_size(r["size"]), r["gpu_copy"],
+                    f"{r['get_gb_per_s']:.2f}", f"{100 * r['get_gb_per_s'] / h2d:.0f}",
+                    f"{r['put_gb_per_s']:.2f}", f"{100 * r['put_gb_per_s'] / d2h:.0f}"])
+    return "gdrkv into/out of scattered GPU pages\n" + format_table(out)
+
+
+def _interference_table(rows):
+    out = [["gpu_copy", "page", "D2D copy ms alone", "with gdrkv", "slowdown %",
+            "gdrkv GET GB/s meanwhile"]]
+    for r in rows:
+        out.append([r["gpu_copy"], format_size(r["page"]), f"{r['kernel_ms_alone']:.3f}",
+                    f"{r['kernel_ms_with_gdrkv']:.3f}", f"{r['slowdown_pct']:.1f}",
+                    f"{r['gdrkv_get_gb_per_s']:.2f}"])
+    return ("interference: a memory-bound kernel (copy of "
+            f"{format_size(INTERFERENCE_BYTES)}) while gdrkv streams shm GETs\n"
+            + format_table(out))

@@ -1,0 +1,103 @@
+/*
+ * gpu.h - moving batches of scattered pieces to and from GPU memory: the
+ * per-device state (primary context, the copy kernel loaded from the
+ * embedded fatbin), pinned host buffers, and launch slots that run a list
+ * of pieces as ONE kernel launch (or one cuMemcpyBatchAsync) per device.
+ *
+ * Every address is a unified virtual address the GPU can reach: device
+ * memory, or host memory registered/allocated as mapped pinned memory
+ * (the shm pool, staging buffers). Work runs in the primary context of
+ * the device of its pieces, pushed around each step so the caller's own
+ * current context is left as it was.
+ */
+#ifndef GDRKV_GPU_H
+#define GDRKV_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda.h"
+#include "gpu_kernels.h"
+
+#define GPU_MAX_DEVICES 16
+
+/* gdrkv_client_opts.gpu_copy (enum gdrkv_gpu_copy in gdrkv.h). */
+enum gpu_mode {
+    GPU_MODE_AUTO = 0,
+    GPU_MODE_KERNEL = 1,
+    GPU_MODE_COPY_ENGINE = 2,
+    GPU_MODE_PER_PIECE = 3      /* one cuMemcpyAsync per piece: the baseline the bench shows */
+};
+
+/* Kernel units: pieces are cut into units of at most this many bytes, so
+ * a big page spreads over many warps. */
+#define GPU_UNIT_BYTES (32u << 10)
+/* auto: pieces at least this large on average go to the copy engines,
+ * which match the kernel from that size on (measured on an H200,
+ * docs/gpu.md) without taking SMs or HBM bandwidth from the engine. */
+#define GPU_AUTO_COPY_ENGINE_BYTES (256u << 10)
+
+struct gpu_piece {
+    uint64_t dst;
+    uint64_t src;
+    uint64_t len;
+    int dev;                /* the device whose context runs the copy */
+};
+
+struct gpu_list {
+    struct gpu_piece *pieces;
+    uint32_t count, cap;
+    uint64_t bytes;
+};
+
+/* Appends a piece (merged into the previous one when both ends continue
+ * it); 0 or GDRKV_E_INTERNAL. */
+int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len);
+void gpu_list_reset(struct gpu_list *l);
+void gpu_list_free(struct gpu_list *l);
+
+/* What a launch did, for the client's counters. */
+struct gpu_stats {
+    uint64_t bytes;
+    uint64_t kernel_launches;
+    uint64_t copy_engine_calls;
+};
+
+/* One launch at a time per slot: its descriptors stay readable by the GPU
+ * until gpu_slot_wait() saw it finish. */
+struct gpu_slot {
+    struct gk_copy_desc *descs;     /* pinned, mapped host memory */
+    uint64_t desc_cap;
+    CUdeviceptr *ce_dsts, *ce_srcs; /* cuMemcpyBatchAsync arrays */
+    size_t *ce_sizes;
+    uint64_t ce_cap;
+    CUstream streams[GPU_MAX_DEVICES];  /* created on first use */
+    CUevent events[GPU_MAX_DEVICES];
+    uint32_t pending;               /* devices with work in flight (bits) */
+};
+
+/* Starts the copies of l: per device, one kernel launch or one batched
+ * copy-engine call (mode), on stream (a CUstream of the caller, or 0 for
+ * the slot's own). Waits for the slot's previous launch first. Returns 0
+ * or GDRKV_E_INTERNAL (logged). */
+int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint64_t stream,
+                    struct gpu_stats *stats);
+/* Waits until the slot's launches finished; 0 or GDRKV_E_INTERNAL. */
+int gpu_slot_wait(struct gpu_slot *s);
+/* Waits, then frees what the slot holds. */
+void gpu_slot_free(struct gpu_slot *s);
+
+/* Pinned host memory mapped into every context; NULL on failure. */
+void *gpu_host_alloc(size_t bytes);
+void gpu_host_free(void *p);
+
+/* Registers [base, base + len) (a read-only mapping) as mapped pinned
+ * memory of every context; *dptr is where the GPU reaches base. 0 or a
+ * negative gdrkv_error. */
+int gpu_register_readonly(const void *base, size_t len, CUdeviceptr *dptr);
+void gpu_unregister(const void *base);
+
+/* Whether CUDA can be used here (1) or not (0, with why). */
+int gpu_available(char *why, size_t len);
+
+#endif

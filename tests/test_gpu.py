@@ -1,0 +1,304 @@
+"""GPU memory as a source and destination of batch calls, over shm and tcp:
+byte-exact round trips host->GPU, GPU->host and GPU->GPU for 4 KiB..4 MiB
+pages at scattered places, mixed host/GPU batches, the kernel copy racing
+eviction (the lease must hold), and GPU memory gdrkv must refuse. Skipped
+only where no GPU is present; everything else fails loudly (a GPU machine
+without torch included)."""
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import gdrkv
+from gdrkv import gpu
+from gdrkv.errors import E_INVALID, E_NOT_FOUND
+from conftest import batch_put_bytes, content, stat, unique
+
+GPU_OK, GPU_WHY = gpu.available()
+pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
+
+SERVER_MEMORY = "768MiB"
+PAGE_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+BATCH_BYTES = 32 << 20
+TRANSPORTS = ["shm", "tcp"]
+
+
+@pytest.fixture(scope="module")
+def torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.fail(f"a GPU is present ({GPU_WHY}) but torch, which these tests allocate "
+                    "GPU memory with, is not installed")
+    assert torch.cuda.is_available(), f"gdrkv sees a GPU ({GPU_WHY}) but torch does not"
+    return torch
+
+
+def count_for(size):
+    return max(2, min(64, BATCH_BYTES // size))
+
+
+def scattered(base, size, count, seed=0):
+    """count page addresses inside a buffer of 2 * count pages, shuffled and
+    with gaps, so neighbours in the batch are never neighbours in memory."""
+    slots = list(range(2 * count))
+    random.Random(seed).shuffle(slots)
+    return [base + s * size for s in slots[:count]]
+
+
+def gpu_buffer(torch, nbytes, fill=0):
+    return torch.full((nbytes,), fill, dtype=torch.uint8, device="cuda")
+
+
+def read_gpu(torch, tensor, ptrs, size):
+    host = tensor.cpu().numpy()
+    base = tensor.data_ptr()
+    return [host[p - base:p - base + size].tobytes() for p in ptrs]
+
+
+def write_gpu(torch, tensor, ptrs, values):
+    host = tensor.cpu().numpy()
+    base = tensor.data_ptr()
+    for p, v in zip(ptrs, values):
+        host[p - base:p - base + len(v)] = np.frombuffer(v, np.uint8)
+    tensor.copy_(torch.from_numpy(host))
+
+
+def client_for(make_client, server, transport, **options):
+    client = make_client(server.url, namespace=unique("gpu"), transport=transport, **options)
+    if transport == "shm":
+        assert client.stats()["client"]["shm_connects"] >= 0
+    return client
+
+
+# ---------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("size", PAGE_SIZES, ids=lambda s: f"{s >> 10}KiB")
+def test_host_to_gpu(torch, server, make_client, transport, size):
+    client = client_for(make_client, server, transport)
+    count = count_for(size)
+    keys = [f"h2g-{size}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * count
+    dest = gpu_buffer(torch, 2 * count * size, fill=0xEE)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), size, count, seed=size)
+    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+    torch.cuda.synchronize()
+    assert read_gpu(torch, dest, ptrs, size) == values
+    stats = client.stats()["client"]
+    assert stats["gpu_bytes"] >= count * size
+    if transport == "shm":
+        assert stats["shm_bytes_copied"] >= count * size
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("size", PAGE_SIZES, ids=lambda s: f"{s >> 10}KiB")
+def test_gpu_to_host_and_gpu_to_gpu(torch, server, make_client, transport, size):
+    client = client_for(make_client, server, transport)
+    count = count_for(size)
+    keys = [f"g2x-{unique()}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    src = gpu_buffer(torch, 2 * count * size)
+    src_ptrs = scattered(src.data_ptr(), size, count, seed=1)
+    write_gpu(torch, src, src_ptrs, values)
+    client.register(src)
+    assert client.batch_put(keys, src_ptrs, [size] * count) == [0] * count
+
+    host = np.zeros(count * size, np.uint8)
+    base, _ = client.register(host)
+    assert client.batch_get(keys, [base + i * size for i in range(count)],
+                            [size] * count) == [size] * count
+    assert [host[i * size:(i + 1) * size].tobytes() for i in range(count)] == values
+
+    dest = gpu_buffer(torch, 2 * count * size, fill=0x11)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), size, count, seed=2)
+    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+    assert read_gpu(torch, dest, ptrs, size) == values
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
+    """Host and GPU destinations in one batch, and objects split between a
+    host segment and a GPU segment; odd sizes and offsets (unaligned)."""
+    client = client_for(make_client, server, transport)
+    sizes = [4096, 12345, 65536 + 7, 1 << 20, 3, 300001] * 4
+    keys = [f"mixed-{unique()}-{i}" for i in range(len(sizes))]
+    values = [content(k, s) for k, s in zip(keys, sizes)]
+    assert batch_put_bytes(client, keys, values) == [0] * len(keys)
+
+    total = sum(sizes) + 64 * len(sizes)
+    dev = gpu_buffer(torch, total)
+    host = np.zeros(total, np.uint8)
+    client.register(dev)
+    hbase, _ = client.register(host)
+    ptrs, lens, where, off = [], [], [], 1      # odd offset: nothing 16-byte aligned
+    for i, s in enumerate(sizes):
+        kind = i % 3
+        if kind == 0:
+            ptrs.append(hbase + off), lens.append(s), where.append([("h", off, s)])
+        elif kind == 1:
+            ptrs.append(dev.data_ptr() + off), lens.append(s), where.append([("g", off, s)])
+        else:
+            half = s // 2
+            ptrs.append([hbase + off, dev.data_ptr() + off + half])
+            lens.append([half, s - half])
+            where.append([("h", off, half), ("g", off + half, s - half)])
+        off += s + 33
+    assert client.batch_get(keys, ptrs, lens) == sizes
+    dev_host = dev.cpu().numpy()
+    for value, parts in zip(values, where):
+        got = b"".join((host if kind == "h" else dev_host)[o:o + n].tobytes()
+                       for kind, o, n in parts)
+        assert got == value
+
+
+@pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
+def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
+    # One connection: the batch is one frame (more would stripe it).
+    client = client_for(make_client, server, "shm", gpu_copy=mode, conns=1)
+    size, count = 4096, 256
+    keys = [f"modes-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * count
+    dest = gpu_buffer(torch, 2 * count * size)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), size, count, seed=3)
+    before = client.stats()["client"]
+    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+    after = client.stats()["client"]
+    assert read_gpu(torch, dest, ptrs, size) == values
+    launches = after["gpu_kernel_launches"] - before["gpu_kernel_launches"]
+    engine_calls = after["gpu_copy_engine_calls"] - before["gpu_copy_engine_calls"]
+    if mode == "copy_engine":
+        assert launches == 0 and engine_calls >= 1
+    else:       # auto picks the kernel for 4 KiB pages; 1 MiB of them is one frame
+        assert launches == 1 and engine_calls == 0
+
+
+def test_gpu_copy_alone(torch):
+    """gdrkv.gpu.copy: scattered pinned host <-> GPU pieces, every mode."""
+    size, count = 4096 + 512, 64
+    host = torch.arange(count * size, dtype=torch.int32).to(torch.uint8).pin_memory()
+    for mode in gpu.COPY_MODES:
+        dev = gpu_buffer(torch, 2 * count * size)
+        dp = scattered(dev.data_ptr(), size, count, seed=4)
+        hp = [host.data_ptr() + i * size for i in range(count)]
+        gpu.copy(0, gpu.Pieces(dp, hp, [size] * count), mode)
+        back = torch.zeros_like(host).pin_memory()     # the GPU writes it: pinned
+        gpu.copy(0, gpu.Pieces([back.data_ptr() + i * size for i in range(count)], dp,
+                               [size] * count), mode)
+        assert torch.equal(back, host), mode
+
+
+def test_stream_orders_put_after_engine_work(torch, server, make_client):
+    """PUT with the engine's stream reads what a kernel queued on that
+    stream wrote, without the caller synchronising; GET with a stream."""
+    client = client_for(make_client, server, "shm")
+    size, count = 64 << 10, 32
+    src = gpu_buffer(torch, count * size)
+    client.register(src)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)           # the fill below waits behind this
+        src.fill_(0x5A)
+    keys = [f"stream-{unique()}-{i}" for i in range(count)]
+    ptrs = [src.data_ptr() + i * size for i in range(count)]
+    assert client.batch_put(keys, ptrs, [size] * count, stream=stream) == [0] * count
+    dest = gpu_buffer(torch, count * size)
+    client.register(dest)
+    assert client.batch_get(keys, [dest.data_ptr() + i * size for i in range(count)],
+                            [size] * count, stream=stream.cuda_stream) == [size] * count
+    assert bool((dest == 0x5A).all())
+
+
+# ---------------------------------------------------------------- leases
+
+def test_kernel_copy_racing_eviction_keeps_leases(torch, server_factory, make_client):
+    """GETs into GPU memory while another client floods a small pool: every
+    read is the exact object or a miss, never bytes of an evicted object's
+    successor (the lease holds until the kernel finished)."""
+    srv = server_factory(memory="64MiB")
+    reader = make_client(srv.url, namespace="race", transport="shm", gpu_copy="kernel")
+    writer = make_client(srv.url, namespace="race", transport="shm")
+    size, count = 256 << 10, 32
+    dest = gpu_buffer(torch, count * size)
+    reader.register(dest)
+    ptrs = [dest.data_ptr() + i * size for i in range(count)]
+    stop = threading.Event()
+    errors = []
+
+    def flood():
+        n = 0
+        while not stop.is_set():
+            keys = [f"flood-{n}-{i}" for i in range(8)]
+            batch_put_bytes(writer, keys, [content(k, 1 << 20) for k in keys])
+            n += 1
+
+    keys = [f"race-{i}" for i in range(count)]
+    assert batch_put_bytes(writer, keys, [content(k, size) for k in keys]) == [0] * count
+    thread = threading.Thread(target=flood)
+    thread.start()
+    hits = 0
+    try:
+        for _ in range(40):
+            results = reader.batch_get(keys, ptrs, [size] * count)
+            got = read_gpu(torch, dest, ptrs, size)
+            for key, r, value in zip(keys, results, got):
+                if r == E_NOT_FOUND:
+                    continue
+                if r != size or value != content(key, size):
+                    errors.append((key, r))
+                hits += r == size
+            batch_put_bytes(writer, keys, [content(k, size) for k in keys])
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, f"wrong reads under eviction: {errors[:5]}"
+    assert hits > 0
+    assert stat(srv.stats(), "evictions") > 0
+
+
+# ---------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_unregistered_gpu_memory_is_refused(torch, server, make_client, transport):
+    client = client_for(make_client, server, transport)
+    client.put("present", b"x" * 4096)
+    dest = gpu_buffer(torch, 8192)
+    results = client.batch_get(["present", "present"], [dest.data_ptr(), dest.data_ptr() + 4096],
+                               [4096, 4096])
+    assert results == [E_INVALID, E_INVALID]
+    assert client.batch_put(["new"], [dest.data_ptr()], [4096]) == [E_INVALID]
+    # The client is fine afterwards, and a registered range that the
+    # segment runs out of is refused too.
+    client.register(dest)
+    assert client.batch_get(["present"], [dest.data_ptr() + 6000], [4096]) == [E_INVALID]
+    assert client.batch_get(["present"], [dest.data_ptr()], [4096]) == [4096]
+    assert client.get("present") == b"x" * 4096
+
+
+def test_freed_gpu_memory_is_refused(torch, server, make_client):
+    client = client_for(make_client, server, "shm")
+    client.put("present", b"y" * 4096)
+    nbytes = 64 << 20               # its own cudaMalloc segment, freed below
+    dest = gpu_buffer(torch, nbytes)
+    ptr, _ = client.register(int(dest.data_ptr()), nbytes)
+    del dest
+    torch.cuda.empty_cache()        # the segment goes back to the driver
+    assert client.batch_get(["present"], [ptr], [4096]) == [E_INVALID]
+    assert client.batch_put(["other"], [ptr], [4096]) == [E_INVALID]
+    client.unregister(ptr)
+    assert client.get("present") == b"y" * 4096
+
+
+def test_register_refuses_a_range_past_its_allocation(torch, server, make_client):
+    client = client_for(make_client, server, "shm")
+    small = gpu_buffer(torch, 4096)
+    torch.cuda.synchronize()
+    with pytest.raises(gdrkv.GdrkvError):
+        client.register(small.data_ptr(), 512 << 20)
