@@ -391,6 +391,8 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
     gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
     gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma.flushes));
+    gk_text_u64(&t, "rdma_gpu_mrs", gk_counter_get(&c->rdma.gpu_mrs));
+    gk_text_u64(&t, "rdma_gpu_mrs_dmabuf", gk_counter_get(&c->rdma.gpu_mrs_dmabuf));
     gk_text_u64(&t, "gpu_bytes", gk_counter_get(&k->gpu_bytes));
     gk_text_u64(&t, "gpu_kernel_launches", gk_counter_get(&k->gpu_kernel_launches));
     gk_text_u64(&t, "gpu_copy_engine_calls", gk_counter_get(&k->gpu_copy_engine_calls));

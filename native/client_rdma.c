@@ -281,6 +281,8 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
         } else {
             GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
                      (unsigned long long)((gk_now_ns() - t0) / 1000));
+            r->gpu_mrs += device >= 0;
+            r->gpu_mrs_dmabuf += dmabuf_fd >= 0;
             r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
                                                    .lkey = mr->lkey, .rkey = mr->rkey,
                                                    .dmabuf_fd = dmabuf_fd, .flush = flush};

@@ -52,6 +52,7 @@ struct client_rdma {
     void *flusher;                  /* the loopback QP of the flush READs, made on first need */
     /* Counters, relaxed atomics. */
     uint64_t reads, writes, wrs, posts, completions, bytes, fallback_frames, flushes;
+    uint64_t gpu_mrs, gpu_mrs_dmabuf;   /* GPU registrations; of them, through dma-buf */
 };
 
 int client_rdma_init(struct client_rdma *r);

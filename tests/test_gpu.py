@@ -13,7 +13,7 @@ import pytest
 import gdrkv
 from gdrkv import gpu
 from gdrkv.errors import E_INVALID, E_NOT_FOUND
-from conftest import batch_put_bytes, content, stat, unique
+from conftest import SOFTVERBS, batch_put_bytes, content, stat, unique
 
 GPU_OK, GPU_WHY = gpu.available()
 pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
@@ -21,7 +21,9 @@ pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
 SERVER_MEMORY = "768MiB"
 PAGE_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 BATCH_BYTES = 32 << 20
-TRANSPORTS = ["shm", "tcp"]
+# rdma runs over softverbs: its dma-buf MRs of GPU memory are moved with the
+# CUDA driver, so the transport's GPU registration path runs end to end.
+TRANSPORTS = ["shm", "tcp", "rdma"] if SOFTVERBS else ["shm", "tcp"]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,18 @@ def client_for(make_client, server, transport, **options):
     return client
 
 
+def check_rdma_moved_gpu_memory(client, transport):
+    """Over rdma, the GPU memory went by dma-buf MRs and RDMA, never staged."""
+    if transport != "rdma":
+        return
+    stats = client.stats()["client"]
+    assert stat(stats, "rdma_gpu_mrs") >= 1
+    assert stat(stats, "rdma_gpu_mrs_dmabuf") == stat(stats, "rdma_gpu_mrs")
+    assert stat(stats, "rdma_fallback_frames") == 0
+    assert stat(stats, "rdma_read_frames") + stat(stats, "rdma_write_frames") >= 1
+    assert stat(stats, "gpu_kernel_launches") == 0
+
+
 # ---------------------------------------------------------------- round trips
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -89,7 +103,9 @@ def test_host_to_gpu(torch, server, make_client, transport, size):
     torch.cuda.synchronize()
     assert read_gpu(torch, dest, ptrs, size) == values
     stats = client.stats()["client"]
-    assert stats["gpu_bytes"] >= count * size
+    check_rdma_moved_gpu_memory(client, transport)
+    if transport != "rdma":
+        assert stats["gpu_bytes"] >= count * size
     if transport == "shm":
         assert stats["shm_bytes_copied"] >= count * size
 
@@ -118,6 +134,7 @@ def test_gpu_to_host_and_gpu_to_gpu(torch, server, make_client, transport, size)
     ptrs = scattered(dest.data_ptr(), size, count, seed=2)
     assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
     assert read_gpu(torch, dest, ptrs, size) == values
+    check_rdma_moved_gpu_memory(client, transport)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -302,3 +319,21 @@ def test_register_refuses_a_range_past_its_allocation(torch, server, make_client
     torch.cuda.synchronize()
     with pytest.raises(gdrkv.GdrkvError):
         client.register(small.data_ptr(), 512 << 20)
+
+
+@pytest.mark.skipif(not SOFTVERBS, reason="built without softverbs")
+def test_rdma_flush_read_of_gpu_memory(torch, server, make_client, monkeypatch):
+    """The pre-Hopper flush READ, forced on this GPU: one loopback READ of
+    the GPU destination after each GET, and the bytes are right."""
+    monkeypatch.setenv("GDRKV_IB_FLUSH", "always")
+    client = client_for(make_client, server, "rdma")
+    keys = [f"flush-{unique()}-{i}" for i in range(16)]
+    values = [content(k, 65536) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * 16
+    dest = gpu_buffer(torch, 2 * 16 * 65536)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), 65536, 16, seed=3)
+    assert client.batch_get(keys, ptrs, [65536] * 16) == [65536] * 16
+    assert read_gpu(torch, dest, ptrs, 65536) == values
+    assert client.stats()["client"]["rdma_flush_reads"] >= 1
+    check_rdma_moved_gpu_memory(client, "rdma")
