@@ -78,13 +78,15 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
 
 void client_conn_close(struct client_conn *c)
 {
-    /* The QPs first: no DMA may outlive the connection. */
+    /* The QPs and the GPU copies first: no DMA may outlive the connection,
+     * and a kernel still reading the pool must finish before the lease ends
+     * (close) or the mapping goes (pool_put). */
     client_rdma_conn_close(c->rdma);
+    gpu_conn_free(c->gpu);
     free(c->commit);
     close(c->fd);
     client_pool_put(c->pool);
     client_copy_free(&c->copies);
-    gpu_conn_free(c->gpu);
     free(c->body_heap);
     free(c);
 }
@@ -158,7 +160,12 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
 
 short client_conn_events(const struct client_conn *c)
 {
-    return c->phase == CLIENT_CONN_SEND ? POLLOUT : POLLIN;
+    return c->phase == CLIENT_CONN_SEND ? POLLOUT : c->phase == CLIENT_CONN_GPU_WAIT ? 0 : POLLIN;
+}
+
+int client_conn_busy(const struct client_conn *c)
+{
+    return c->phase == CLIENT_CONN_GPU_WAIT;
 }
 
 /* ------------------------------------------------------------ failures */
@@ -323,13 +330,17 @@ static int copy_leased(struct client_conn *c, uint64_t bytes)
                                b, f->first, f->count, &c->copies, gpu);
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
-         * ones meanwhile; both are done before the RELEASE goes. */
+         * ones meanwhile; the RELEASE goes once the kernel is done too
+         * (GPU_WAIT), and the call's other connections go on meanwhile. */
         rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
+        client_copy_reset(&c->copies);
         if (rc) {
-            client_copy_reset(&c->copies);
             c->why = "GPU copy failed";
             return rc;
         }
+        c->leased_bytes = bytes;
+        c->phase = CLIENT_CONN_GPU_WAIT;
+        return 0;
     } else if (rc == 0 && bytes > 0) {
         client_copy_run(b->copier, &c->copies);
     }
@@ -521,8 +532,8 @@ static int take_body(struct client_conn *c)
     c->body_heap = NULL;
     if (rc)
         return rc;
-    if (c->phase == CLIENT_CONN_SEND)
-        return 0;       /* a lease: its RELEASE goes next */
+    if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
+        return 0;       /* a lease or a reservation: RELEASE or COMMIT goes next */
     /* Only a GET has a payload, and take_results has set up its stream. */
     if (h->status || h->payload_len == 0)
         return 1;
@@ -583,9 +594,26 @@ static int recv_payload(struct client_conn *c)
     return 1;
 }
 
+/* The LEASE's kernel: when it is done the bytes are the caller's, and the
+ * lease can end. */
+static int wait_gpu(struct client_conn *c)
+{
+    int rc = gpu_conn_leased_done(c->gpu);
+    if (rc < 0) {
+        c->why = "GPU copy failed";
+        return rc;
+    }
+    if (rc == 1) {
+        c->batch->shm_bytes_copied += c->leased_bytes;
+        start_release(c);
+    }
+    return 0;
+}
+
 static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
+    case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);
     case CLIENT_CONN_RECV_PAYLOAD: return recv_payload(c);

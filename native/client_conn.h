@@ -34,7 +34,8 @@
 enum client_conn_phase {
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body */
-    CLIENT_CONN_RECV_PAYLOAD    /* GET values */
+    CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
+    CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
 };
 
 struct client_server;
@@ -67,6 +68,7 @@ struct client_conn {
     uint8_t *body;              /* where the response body goes */
     uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
     const char *why;            /* what failed, for the log */
+    uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
     struct client_iov io;
 };
 
@@ -82,8 +84,11 @@ int client_conn_is_shm(const struct client_conn *c);
 int client_conn_usable(const struct client_conn *c);
 
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f);
-/* POLLOUT while sending, POLLIN while receiving. */
+/* POLLOUT while sending, POLLIN while receiving, nothing while a GPU copy
+ * runs: client_conn_busy() then says to call client_conn_progress again
+ * without waiting for the socket. */
 short client_conn_events(const struct client_conn *c);
+int client_conn_busy(const struct client_conn *c);
 /* Moves what the socket allows. Returns 1 when the frame is answered (its
  * results are written and the connection is ready for the next frame), 0
  * when it waits for the socket, or a negative gdrkv_error when the

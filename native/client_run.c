@@ -120,7 +120,7 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
         }
     }
     for (;;) {
-        uint32_t active = 0;
+        uint32_t active = 0, busy = 0;
         for (uint32_t j = 0; j < call->njobs; j++) {
             struct client_job *job = &call->jobs[j];
             struct pollfd *pfd = &call->pollfds[j];
@@ -129,6 +129,7 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
             pfd->events = pfd->fd >= 0 ? client_conn_events(job->conn) : 0;
             pfd->revents = 0;
             active += pfd->fd >= 0;
+            busy += pfd->fd >= 0 && client_conn_busy(job->conn);
         }
         if (!active)
             return;
@@ -137,13 +138,16 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
             fail_active(c, call, GDRKV_E_TIMEOUT, "timed out");
             return;
         }
-        if (poll(call->pollfds, call->njobs, ms) < 0 && errno != EINTR) {
+        /* A GPU copy in flight is polled, not waited for: its end has no fd. */
+        if (poll(call->pollfds, call->njobs, busy ? 0 : ms) < 0 && errno != EINTR) {
             fail_active(c, call, GDRKV_E_INTERNAL, "poll failed");
             return;
         }
-        for (uint32_t j = 0; j < call->njobs; j++)
-            if (call->pollfds[j].revents)
-                step(c, call, &call->jobs[j]);
+        for (uint32_t j = 0; j < call->njobs; j++) {
+            struct client_job *job = &call->jobs[j];
+            if (call->pollfds[j].revents || (job_active(job) && client_conn_busy(job->conn)))
+                step(c, call, job);
+        }
     }
 }
 

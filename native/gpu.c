@@ -440,6 +440,22 @@ int gpu_slot_wait(struct gpu_slot *s)
     return rc;
 }
 
+int gpu_slot_poll(struct gpu_slot *s)
+{
+    const struct gk_cuda *cu = gk_cuda();
+    for (int dev = 0; s->pending && dev < GPU_MAX_DEVICES; dev++) {
+        if (!(s->pending & (1u << dev)))
+            continue;
+        CUresult r = cu->cuEventQuery(s->events[dev]);
+        if (r == GK_CUDA_ERROR_NOT_READY)
+            return 0;
+        s->pending &= ~(1u << dev);
+        if (r != GK_CUDA_SUCCESS)
+            return cu_failed("the GPU copy", r);
+    }
+    return 1;
+}
+
 void gpu_slot_free(struct gpu_slot *s)
 {
     const struct gk_cuda *cu = gk_cuda();

@@ -84,6 +84,8 @@ int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint
                     struct gpu_stats *stats);
 /* Waits until the slot's launches finished; 0 or GDRKV_E_INTERNAL. */
 int gpu_slot_wait(struct gpu_slot *s);
+/* Whether they have: 1 finished, 0 still running, GDRKV_E_INTERNAL. */
+int gpu_slot_poll(struct gpu_slot *s);
 /* Waits, then frees what the slot holds. */
 void gpu_slot_free(struct gpu_slot *s);
 

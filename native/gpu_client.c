@@ -387,9 +387,13 @@ int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct cl
     int rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
     if (host->count)
         client_copy_run(copier, host);
-    int wait_rc = gpu_slot_wait(&g->slots[0]);
     gpu_list_reset(&g->list);
-    return rc ? rc : wait_rc;
+    return rc;
+}
+
+int gpu_conn_leased_done(struct gpu_conn *g)
+{
+    return gpu_slot_poll(&g->slots[0]);
 }
 
 int gpu_conn_drain(struct gpu_conn *g)

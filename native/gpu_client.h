@@ -83,10 +83,14 @@ int gpu_conn_start(struct gpu_conn **gc, struct client_batch *b, const struct cl
 int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct client_frame *f);
 /* Where a LEASE's GPU-bound pieces are planned (dst: GPU, src: pool). */
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
-/* Runs a LEASE's copies: the GPU list by one launch, host by the CPU
- * meanwhile; returns when both are done. */
+/* Starts a LEASE's copies: the GPU list by one launch, the host pieces by
+ * the CPU meanwhile; returns when the host ones are done and the launch is
+ * queued. gpu_conn_leased_done then says when the GPU is done too, so the
+ * call's other connections move on while the kernel runs. */
 int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct client_batch *b,
                          const struct client_copy_list *host, struct client_copier *copier);
+/* 1 when the LEASE's launch finished, 0 while it runs, or an error. */
+int gpu_conn_leased_done(struct gpu_conn *gc);
 /* Waits for the connection's copies in flight; 0 or a negative error. */
 int gpu_conn_drain(struct gpu_conn *gc);
 void gpu_conn_free(struct gpu_conn *gc);
