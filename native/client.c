@@ -116,7 +116,10 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
                           "local server (a loopback address or unix:PATH)", text);
     if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    if (c->opts.transport == GDRKV_TRANSPORT_AUTO || c->opts.transport == GDRKV_TRANSPORT_RDMA)
+    /* auto reaches a server on this host over shm (or tcp): rdma through the
+     * NIC and back would only cost more. */
+    if (c->opts.transport == GDRKV_TRANSPORT_RDMA ||
+        (c->opts.transport == GDRKV_TRANSPORT_AUTO && !s->local))
         s->rdma = &c->rdma;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)

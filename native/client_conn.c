@@ -42,18 +42,24 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     }
     if (fd < 0 && !s->shm_only)
         fd = gk_connect_tcp(&s->addr, deadline_ns);
+    /* rdma: the RDMA_HELLO goes out now and its answer is read by the
+     * call's poll loop (CLIENT_CONN_HELLO), so a server that never answers
+     * holds up only its own keys. A fresh socket takes its ~200 bytes. */
     struct client_rdma_conn *rdma = NULL;
     if (fd >= 0 && !pool && s->rdma) {
-        int rc = client_rdma_conn_open(s->rdma, fd, deadline_ns, &rdma);
-        if (rc && s->rdma_only) {
-            GK_DEBUG("%s: no rdma (%s)", s->name, gdrkv_strerror(rc));
+        uint8_t req[RDMA_HELLO_REQUEST_MAX];
+        size_t len = 0;
+        int rc = client_rdma_conn_new(s->rdma, &rdma, req, sizeof req, &len);
+        if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
+            client_rdma_conn_close(rdma);
+            rdma = NULL;
+            rc = GDRKV_E_UNAVAILABLE;
             close(fd);
-            fd = rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
-        } else if (rc && rc != GDRKV_E_UNSUPPORTED) {
-            /* auto: the half-done exchange spoiled the socket; start over plain. */
-            GK_DEBUG("%s: rdma set-up failed (%s), using tcp", s->name, gdrkv_strerror(rc));
+            fd = rc;
+        } else if (rc && s->rdma_only) {
+            GK_DEBUG("%s: no rdma here (%s)", s->name, gdrkv_strerror(rc));
             close(fd);
-            fd = gk_connect_tcp(&s->addr, deadline_ns);
+            fd = GDRKV_E_UNAVAILABLE;
         }
     }
     if (fd < 0) {
@@ -71,6 +77,8 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     c->fd = fd;
     c->pool = pool;
     c->rdma = rdma;
+    c->hello_pending = rdma != NULL;
+    c->rdma_only = s->rdma_only;
     /* Request 1 may have been HELLO or RDMA_HELLO. */
     c->next_req_id = 2;
     return c;
@@ -94,6 +102,11 @@ void client_conn_close(struct client_conn *c)
 int client_conn_is_shm(const struct client_conn *c)
 {
     return c->pool != NULL;
+}
+
+int client_conn_reusable(const struct client_conn *c)
+{
+    return !c->rdma_broken;
 }
 
 int client_conn_usable(const struct client_conn *c)
@@ -134,8 +147,12 @@ static int in_place_rdma(const struct client_conn *c)
     return c->rdma && (c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE);
 }
 
-void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
+/* Encodes the frame and starts sending it. */
+static void begin_frame(struct client_conn *c)
 {
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+
     c->req_id = c->next_req_id++;
     c->wire_op = b->opcode;
     if (c->pool && b->opcode == GK_OP_GET)
@@ -144,8 +161,6 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
              client_rdma_frame_ok(c->rdma, b, f))
         c->wire_op = b->opcode == GK_OP_GET ? GK_OP_LEASE : GK_OP_RESERVE;
     encode_request(b, f, c->wire_op, c->req_id);
-    c->batch = b;
-    c->frame = f;
     c->phase = CLIENT_CONN_SEND;
     c->resp_decoded = 0;
     c->got = 0;
@@ -156,6 +171,22 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
     c->gpu_err = b->gpu && !in_place_rdma(c) ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
                     c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
+}
+
+/* Whether the frame goes by RDMA is only known once RDMA_HELLO is
+ * answered: until then the frame waits. */
+void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
+{
+    c->batch = b;
+    c->frame = f;
+    if (!c->hello_pending) {
+        begin_frame(c);
+        return;
+    }
+    c->phase = CLIENT_CONN_HELLO;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->why = NULL;
 }
 
 short client_conn_events(const struct client_conn *c)
@@ -394,6 +425,14 @@ static int write_reserved(struct client_conn *c)
                                                c->resp.body_len - results_len, b, f, flags));
     if (rc)
         return rc;
+    /* Reserved keys COMMIT drops make the server stop this connection's
+     * QPs (it can't know no WRITE is still coming): don't reuse it. */
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status == 0 && !flags[k])
+            c->rdma_broken = 1;
+    }
 
     struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_COMMIT,
                        .count = f->count, .body_len = f->count};
@@ -610,9 +649,65 @@ static int wait_gpu(struct client_conn *c)
     return 0;
 }
 
+/* ------------------------------------------------------------ rdma set-up */
+
+/* The RDMA_HELLO answer: header, then its body into the heap. When the
+ * server has no rdma (or can't set it up) under transport auto, the
+ * connection goes on as a plain tcp one; under transport rdma it fails. */
+static int recv_hello(struct client_conn *c)
+{
+    for (;;) {
+        uint8_t *dst = c->got < GK_HDR_SIZE ? c->hello_hdr + c->got
+                                            : c->body_heap + (c->got - GK_HDR_SIZE);
+        size_t want = c->got < GK_HDR_SIZE ? GK_HDR_SIZE - c->got
+                                           : GK_HDR_SIZE + (size_t)c->resp.body_len - c->got;
+        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
+        if (want && n <= 0)
+            return stalled_or_lost(c, n);
+        c->got += (size_t)n;
+        if (!c->resp_decoded && c->got == GK_HDR_SIZE) {
+            struct gk_hdr *h = &c->resp;
+            gk_hdr_decode(c->hello_hdr, h);
+            if (h->magic != GK_MAGIC || h->version != GK_VERSION ||
+                h->opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) || h->req_id != 1 ||
+                h->count || h->payload_len || h->body_len > GK_MAX_BODY) {
+                c->why = "bad rdma hello answer";
+                return GDRKV_E_PROTOCOL;
+            }
+            c->body_heap = malloc(GK_MAX(h->body_len, 1u));
+            if (!c->body_heap) {
+                c->why = "out of memory";
+                return GDRKV_E_INTERNAL;
+            }
+            c->resp_decoded = 1;
+            continue;
+        }
+        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
+            break;
+        if ((size_t)n < want)
+            return 0;
+    }
+    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body_heap, c->resp.body_len);
+    free(c->body_heap);
+    c->body_heap = NULL;
+    c->hello_pending = 0;
+    if (rc && c->rdma_only) {
+        c->why = "the server has no rdma";
+        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
+    }
+    if (rc) {
+        /* The whole answer was read: the socket serves plain frames. */
+        client_rdma_conn_close(c->rdma);
+        c->rdma = NULL;
+    }
+    begin_frame(c);
+    return 0;
+}
+
 static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
+    case CLIENT_CONN_HELLO: return recv_hello(c);
     case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);

@@ -32,6 +32,7 @@
 #include "protocol.h"
 
 enum client_conn_phase {
+    CLIENT_CONN_HELLO,          /* rdma: the RDMA_HELLO answer, before the frame starts */
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
@@ -49,6 +50,9 @@ struct client_conn {
     struct client_copy_list copies; /* shm: the current LEASE's copies */
     struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */
     int rdma_broken;            /* a QP failed: finish the frame, then close */
+    int rdma_only;              /* transport rdma: no plain frames if the set-up fails */
+    int hello_pending;          /* RDMA_HELLO sent, its answer not read yet */
+    uint8_t hello_hdr[GK_HDR_SIZE];
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
     struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
@@ -82,6 +86,9 @@ int client_conn_is_shm(const struct client_conn *c);
 /* Whether an idle connection can carry a frame: the server has neither
  * closed it (restart, idle timeout) nor sent anything unasked. */
 int client_conn_usable(const struct client_conn *c);
+/* Whether a connection that finished its frames may go back to the idle
+ * pool: not one whose QPs broke. */
+int client_conn_reusable(const struct client_conn *c);
 
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f);
 /* POLLOUT while sending, POLLIN while receiving, nothing while a GPU copy

@@ -36,7 +36,13 @@ int client_rdma_init(struct client_rdma *r)
     r->flush_mode = !flush || !*flush || !strcmp(flush, "auto") ? CLIENT_RDMA_FLUSH_AUTO
                     : !strcmp(flush, "always") ? CLIENT_RDMA_FLUSH_ALWAYS
                     : CLIENT_RDMA_FLUSH_NEVER;
-    return pthread_mutex_init(&r->lock, NULL) ? GDRKV_E_INTERNAL : 0;
+    if (pthread_mutex_init(&r->lock, NULL))
+        return GDRKV_E_INTERNAL;
+    if (pthread_mutex_init(&r->flush_lock, NULL)) {
+        pthread_mutex_destroy(&r->lock);
+        return GDRKV_E_INTERNAL;
+    }
+    return 0;
 }
 
 #ifdef GDRKV_HAVE_VERBS
@@ -78,15 +84,15 @@ static struct flusher *flusher_new(struct rdma_dev *d)
     }
     f->qps.rd_atomic = 1;
     rdma_qps_describe(d, &f->qps, &self);
-    if (rdma_qps_connect(d, &f->qps, &self)) {
+    if (rdma_qps_connect(d, &f->qps, &self, 1)) {
         flusher_free(d, f);
         return NULL;
     }
     return f;
 }
 
-/* One signalled 1-byte READ from addr, waited for. The owner's lock is
- * held: flushes are rare (one per batch into a pre-Hopper GPU) and tiny. */
+/* One signalled 1-byte READ from addr, waited for, under flush_lock:
+ * flushes are rare (one per batch into a pre-Hopper GPU) and tiny. */
 static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
 {
     struct rdma_dev *d = r->dev;
@@ -136,6 +142,7 @@ void client_rdma_destroy(struct client_rdma *r)
         rdma_dev_close(d);
         free(d);
     }
+    pthread_mutex_destroy(&r->flush_lock);
     pthread_mutex_destroy(&r->lock);
 }
 
@@ -242,55 +249,62 @@ static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, i
     return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
 }
 
+/* Registration can take seconds for a large or GPU range: it runs
+ * outside the lock, so other threads' calls go on meanwhile. The regions
+ * table (client_regions.c) already refused overlapping ranges. */
 int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
 {
     char pci[32];
-    int rc;
     pthread_mutex_lock(&r->lock);
-    rc = ready_locked(r, device >= 0 && r->state == 0 ? gpu_pci_address(device, pci, sizeof pci)
-                                                       : NULL);
-    for (uint32_t i = 0; rc == 0 && i < r->nmrs; i++)
-        if (r->mrs[i].ptr == ptr && r->mrs[i].len == len)
-            goto out;   /* the MR cache: the same range again costs nothing */
-    if (rc == 0 && r->nmrs == r->cap) {
+    int rc = ready_locked(r, device >= 0 && r->state == 0 ? gpu_pci_address(device, pci, sizeof pci)
+                                                          : NULL);
+    pthread_mutex_unlock(&r->lock);
+    if (rc)
+        return rc;
+
+    struct rdma_dev *d = r->dev;
+    uint64_t t0 = gk_now_ns();
+    /* Remote read only for the flush QP, which is connected to itself: the
+     * data QPs grant the server no access at all. */
+    int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS ||
+                (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 && gpu_needs_flush(device));
+    int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
+    int dmabuf_fd = -1;
+    if (d->ibv->reg_mr_iova2)
+        access |= IBV_ACCESS_RELAXED_ORDERING;
+    struct ibv_mr *mr = device >= 0 ? reg_gpu(d, ptr, len, access, &dmabuf_fd)
+                                    : reg_host(d, ptr, len, access);
+    if (!mr) {
+        GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s", (unsigned long long)len,
+                (unsigned long long)ptr, d->name, strerror(errno));
+        return errno == ENOMEM ? GDRKV_E_NO_SPACE : GDRKV_E_INVALID;
+    }
+    GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
+             (unsigned long long)((gk_now_ns() - t0) / 1000));
+
+    pthread_mutex_lock(&r->lock);
+    if (r->nmrs == r->cap) {
         uint32_t cap = r->cap ? 2 * r->cap : 8;
         struct client_mr *mrs = realloc(r->mrs, cap * sizeof *mrs);
-        if (!mrs)
-            rc = GDRKV_E_INTERNAL;
-        else
+        if (mrs)
             r->mrs = mrs, r->cap = cap;
     }
-    if (rc == 0) {
-        struct rdma_dev *d = r->dev;
-        uint64_t t0 = gk_now_ns();
-        /* Remote read only for the flush QP, which is connected to itself:
-         * the data QPs grant the server no access at all. */
-        int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS ||
-                    (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 &&
-                     gpu_needs_flush(device));
-        int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
-        int dmabuf_fd = -1;
-        if (d->ibv->reg_mr_iova2)
-            access |= IBV_ACCESS_RELAXED_ORDERING;
-        struct ibv_mr *mr = device >= 0 ? reg_gpu(d, ptr, len, access, &dmabuf_fd)
-                                        : reg_host(d, ptr, len, access);
-        if (!mr) {
-            GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s",
-                    (unsigned long long)len, (unsigned long long)ptr, d->name, strerror(errno));
-            rc = errno == ENOMEM ? GDRKV_E_NO_SPACE : GDRKV_E_INVALID;
-        } else {
-            GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
-                     (unsigned long long)((gk_now_ns() - t0) / 1000));
-            r->gpu_mrs += device >= 0;
-            r->gpu_mrs_dmabuf += dmabuf_fd >= 0;
-            r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
-                                                   .lkey = mr->lkey, .rkey = mr->rkey,
-                                                   .dmabuf_fd = dmabuf_fd, .flush = flush};
-        }
+    if (r->nmrs < r->cap) {
+        r->gpu_mrs += device >= 0;
+        r->gpu_mrs_dmabuf += dmabuf_fd >= 0;
+        r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
+                                               .lkey = mr->lkey, .rkey = mr->rkey,
+                                               .dmabuf_fd = dmabuf_fd, .flush = flush};
+        mr = NULL;
     }
-out:
     pthread_mutex_unlock(&r->lock);
-    return rc;
+    if (mr) {
+        d->ibv->dereg_mr(mr);
+        if (dmabuf_fd >= 0)
+            close(dmabuf_fd);
+        return GDRKV_E_INTERNAL;
+    }
+    return 0;
 }
 
 void client_rdma_unregister(struct client_rdma *r, uint64_t ptr)
@@ -338,6 +352,7 @@ struct client_rdma_conn {
     uint64_t flush_addr[CLIENT_RDMA_FLUSH_MRS];
     uint32_t flush_rkey[CLIENT_RDMA_FLUSH_MRS];
     uint32_t nflush;
+    int plan_err;                   /* why add_piece refused */
 };
 
 /* The HELLO answer's body: the server's endpoint, then its regions. */
@@ -360,49 +375,12 @@ static int take_answer(struct client_rdma_conn *rc, const uint8_t *body, size_t 
      * shrink to what the server accepted. */
     rc->qps.sq_depth = peer->sq_depth;
     rc->qps.max_sge = peer->max_sge;
+    rc->qps.max_sge_rd = GK_MIN(rc->qps.max_sge_rd, peer->max_sge);
     return 0;
 }
 
-static int hello(struct client_rdma_conn *conn, int fd, uint64_t deadline_ns)
-{
-    struct rdma_dev *d = conn->owner->dev;
-    struct rdma_endpoint mine, peer;
-    uint8_t req[GK_HDR_SIZE + RDMA_ENDPOINT_MIN + RDMA_MAX_QPS * RDMA_QP_WIRE_SIZE];
-
-    rdma_qps_describe(d, &conn->qps, &mine);
-    size_t body_len = rdma_endpoint_encode(&mine, req + GK_HDR_SIZE);
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RDMA_HELLO,
-                       .body_len = (uint32_t)body_len, .req_id = 1};
-    gk_hdr_encode(&h, req);
-    int rc_io = gk_send_all(fd, req, GK_HDR_SIZE + body_len, deadline_ns);
-    if (rc_io == 0)
-        rc_io = gk_recv_all(fd, req, GK_HDR_SIZE, deadline_ns);
-    if (rc_io)
-        return rc_io;
-    gk_hdr_decode(req, &h);
-    if (h.magic != GK_MAGIC || h.opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) ||
-        h.req_id != 1 || h.body_len > GK_MAX_BODY || h.count || h.payload_len)
-        return GDRKV_E_PROTOCOL;
-    uint8_t *body = malloc(GK_MAX(h.body_len, 1u));
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    int rc = gk_recv_all(fd, body, h.body_len, deadline_ns);
-    if (rc == 0 && h.status) {
-        GK_DEBUG("rdma hello refused (%s): %.*s", gdrkv_strerror(h.status),
-                 (int)GK_MIN(h.body_len, 200u), (const char *)body);
-        /* UNSUPPORTED: the server has no rdma, the socket is still fine. */
-        rc = h.status == GDRKV_E_UNSUPPORTED ? GDRKV_E_UNSUPPORTED : GDRKV_E_UNAVAILABLE;
-    }
-    if (rc == 0)
-        rc = take_answer(conn, body, h.body_len, &peer);
-    free(body);
-    if (rc == 0 && rdma_qps_connect(d, &conn->qps, &peer))
-        rc = GDRKV_E_UNAVAILABLE;
-    return rc;
-}
-
-int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
-                          struct client_rdma_conn **out)
+int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
+                         size_t cap, size_t *req_len)
 {
     if (client_rdma_ready(r))
         return GDRKV_E_UNSUPPORTED;
@@ -420,13 +398,40 @@ int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
     /* What we ask the server for: as many READs in flight per QP as our
      * device can issue (it answers with what it can take, maybe fewer). */
     rc->qps.rd_atomic = (uint32_t)GK_MAX(GK_MIN(d->attr.max_qp_init_rd_atom, 16), 1);
-    int err = hello(rc, fd, deadline_ns);
-    if (err) {
+    /* Multi-SGE READs are bounded by max_sge_rd, below max_sge on some NICs. */
+    rc->qps.max_sge_rd = d->attr.max_sge_rd > 0 ? GK_MIN(rc->qps.max_sge,
+                                                          (uint32_t)d->attr.max_sge_rd)
+                                                : rc->qps.max_sge;
+
+    struct rdma_endpoint mine;
+    rdma_qps_describe(d, &rc->qps, &mine);
+    if (cap < GK_HDR_SIZE + rdma_endpoint_size(&mine)) {
         client_rdma_conn_close(rc);
-        return err;
+        return GDRKV_E_INTERNAL;
     }
+    size_t body_len = rdma_endpoint_encode(&mine, req + GK_HDR_SIZE);
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RDMA_HELLO,
+                       .body_len = (uint32_t)body_len, .req_id = 1};
+    gk_hdr_encode(&h, req);
+    *req_len = GK_HDR_SIZE + body_len;
     *out = rc;
     return 0;
+}
+
+int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
+                            size_t len)
+{
+    struct rdma_endpoint peer;
+    if (status) {
+        GK_DEBUG("rdma hello refused (%s): %.*s", gdrkv_strerror(status),
+                 (int)GK_MIN(len, (size_t)200), (const char *)body);
+        /* UNSUPPORTED: the server has no rdma; the socket is still fine. */
+        return status == GDRKV_E_UNSUPPORTED ? GDRKV_E_UNSUPPORTED : GDRKV_E_UNAVAILABLE;
+    }
+    int err = take_answer(rc, body, len, &peer);
+    if (err == 0 && rdma_qps_connect(rc->owner->dev, &rc->qps, &peer, 1))
+        err = GDRKV_E_UNAVAILABLE;
+    return err;
 }
 
 void client_rdma_conn_close(struct client_rdma_conn *rc)
@@ -496,8 +501,12 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint
     const struct rdma_region *g = region_of(rc, pool_off, len);
     const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
     struct rdma_piece piece = {.key = p};
-    if (!g || !m)
+    if (!g || !m) {
+        /* A chunk outside the server's regions is the server's fault; a
+         * segment no MR covers any more (unregistered meanwhile), ours. */
+        rc->plan_err = !g ? GDRKV_E_PROTOCOL : GDRKV_E_INVALID;
         return -1;
+    }
     piece.lkey = m->lkey;
     piece.rkey = g->rkey;
     if (m->flush && len > 0) {
@@ -515,8 +524,10 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint
         piece.len = (uint32_t)GK_MIN(len, 1ull << 30);
         piece.local = seg_addr;
         piece.remote = g->addr + (pool_off - g->pool_off);
-        if (rdma_pieces_add(&rc->pieces, &piece))
+        if (rdma_pieces_add(&rc->pieces, &piece)) {
+            rc->plan_err = GDRKV_E_INTERNAL;
             return -1;
+        }
         seg_addr += piece.len, pool_off += piece.len, len -= piece.len;
     }
     return 0;
@@ -544,8 +555,20 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     int rc_plan = client_chunks_walk(lists, len, rc->pool_size, b, f->first, f->count, listed,
                                      lens, add_piece, rc);
     pthread_mutex_unlock(&r->lock);
-    if (rc_plan)
-        return rc_plan == GDRKV_E_INTERNAL ? GDRKV_E_PROTOCOL : rc_plan;
+    if (rc_plan == GDRKV_E_INTERNAL && rc->plan_err == GDRKV_E_INVALID) {
+        /* Nothing was posted: the frame's keys fail, the connection stays. */
+        for (uint32_t p = f->first; p < f->first + f->count; p++)
+            if (b->results[b->index[p]] >= 0)
+                b->results[b->index[p]] = GDRKV_E_INVALID;
+        if (rc->flags)
+            memset(rc->flags, 0, f->count);
+        rc->flags = NULL;
+        return 0;
+    }
+    if (rc_plan) {
+        rc->flags = NULL;
+        return rc_plan == GDRKV_E_INTERNAL ? rc->plan_err : rc_plan;
+    }
 
     struct rdma_post_stats st = {0};
     int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
@@ -554,10 +577,10 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
      * bytes yet: one READ of the destination orders them. */
     if (opcode == IBV_WR_RDMA_READ && rc->nflush && err != GDRKV_E_TIMEOUT) {
         int ferr = 0;
-        pthread_mutex_lock(&r->lock);
+        pthread_mutex_lock(&r->flush_lock);
         for (uint32_t i = 0; i < rc->nflush && !ferr; i++)
             ferr = flush_read(r, rc->flush_addr[i], rc->flush_rkey[i], b->deadline_ns);
-        pthread_mutex_unlock(&r->lock);
+        pthread_mutex_unlock(&r->flush_lock);
         if (ferr) {
             for (uint32_t p = f->first; p < f->first + f->count; p++)
                 if (b->results[b->index[p]] >= 0)
@@ -595,7 +618,11 @@ int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t 
 
 #else /* built without verbs.h: never available */
 
-void client_rdma_destroy(struct client_rdma *r) { pthread_mutex_destroy(&r->lock); }
+void client_rdma_destroy(struct client_rdma *r)
+{
+    pthread_mutex_destroy(&r->flush_lock);
+    pthread_mutex_destroy(&r->lock);
+}
 
 int client_rdma_ready(struct client_rdma *r)
 {
@@ -610,8 +637,14 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
 
 void client_rdma_unregister(struct client_rdma *r, uint64_t ptr) {}
 
-int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
-                          struct client_rdma_conn **out)
+int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
+                         size_t cap, size_t *req_len)
+{
+    return GDRKV_E_UNSUPPORTED;
+}
+
+int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
+                            size_t len)
 {
     return GDRKV_E_UNSUPPORTED;
 }

@@ -50,6 +50,7 @@ struct client_rdma {
     uint32_t sq_depth;              /* GDRKV_IB_SQ_DEPTH, default 512 */
     enum client_rdma_flush flush_mode;  /* GDRKV_IB_FLUSH: auto, always, never */
     void *flusher;                  /* the loopback QP of the flush READs, made on first need */
+    pthread_mutex_t flush_lock;     /* guards flusher: its READs wait, the MR table must not */
     /* Counters, relaxed atomics. */
     uint64_t reads, writes, wrs, posts, completions, bytes, fallback_frames, flushes;
     uint64_t gpu_mrs, gpu_mrs_dmabuf;   /* GPU registrations; of them, through dma-buf */
@@ -69,11 +70,17 @@ void client_rdma_unregister(struct client_rdma *r, uint64_t ptr);
 
 struct client_rdma_conn;
 
-/* RDMA_HELLO on a freshly connected control socket (request id 1). 0 with
- * *out set; GDRKV_E_UNSUPPORTED when the server has no rdma (the socket
- * is still good for plain frames); else an error and the socket is lost. */
-int client_rdma_conn_open(struct client_rdma *r, int fd, uint64_t deadline_ns,
-                          struct client_rdma_conn **out);
+/* Creates a connection's QPs and writes the RDMA_HELLO request (request
+ * id 1) into req (cap bytes; RDMA_HELLO_REQUEST_MAX is enough). 0 with
+ * *out set; GDRKV_E_UNSUPPORTED when this host has no rdma. */
+#define RDMA_HELLO_REQUEST_MAX 256
+int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
+                         size_t cap, size_t *req_len);
+/* The RDMA_HELLO answer (frame status and body): connects the QPs. 0;
+ * GDRKV_E_UNSUPPORTED when the server has no rdma (the socket is still
+ * good for plain frames); else an error. */
+int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
+                            size_t len);
 void client_rdma_conn_close(struct client_rdma_conn *rc);
 
 /* Whether every segment of frame f lies in registered memory, so the

@@ -169,8 +169,10 @@ static void check_in(struct gdrkv_client *c, struct client_call *call, uint32_t 
             err = job->err;
             why = job->why;
         }
-        if (job->conn)
+        if (job->conn && client_conn_reusable(job->conn))
             client_server_push_idle(s, job->conn);
+        else if (job->conn)
+            client_conn_close(job->conn);
         job->conn = NULL;
     }
     client_server_report(s, err, why);

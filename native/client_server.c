@@ -54,6 +54,7 @@ static int choose_transport(struct client_server *s, const char *unix_path, int 
         return 0;
     int local = is_this_host(s->addr.host) &&
                 gk_unix_default_path(s->addr.port, s->unix_path, sizeof s->unix_path) == 0;
+    s->local = local;
     s->shm_only = transport == GDRKV_TRANSPORT_SHM;
     return local || !s->shm_only ? 0 : GDRKV_E_INVALID;
 }

@@ -45,6 +45,7 @@ struct client_server {
     struct client_pool *pool;       /* the mapping new connections share, or NULL */
     struct client_rdma *rdma;       /* the client's, when transport auto or rdma */
     int rdma_only;                  /* transport rdma: no plain tcp fallback */
+    int local;                      /* on this host (auto: shm, never rdma) */
 };
 
 /* Sets up server s for the address (name gets its canonical text), or

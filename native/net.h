@@ -52,12 +52,6 @@ int gk_peer_is_us(int fd);
 
 void gk_set_nodelay(int fd);
 
-/* Send or receive exactly len bytes on a non-blocking socket, waiting with
- * poll until deadline_ns: 0, GDRKV_E_TIMEOUT or GDRKV_E_UNAVAILABLE. For
- * the few synchronous exchanges of a connection's set-up. */
-int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
-int gk_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
-
 /* Milliseconds left until deadline_ns for poll(), 0 when passed. */
 int gk_poll_ms_left(uint64_t deadline_ns);
 

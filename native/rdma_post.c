@@ -74,7 +74,8 @@ struct run {
     rdma_fail_fn fail;
     void *arg;
     struct rdma_post_stats *stats;
-    int broken;
+    int broken;                 /* an error completion: that QP's keys failed */
+    int lost;                   /* a post or poll failed: WRs may be in flight untracked */
 };
 
 static int error_of(enum ibv_wc_status s)
@@ -201,8 +202,11 @@ static void post_chain(struct run *r, uint32_t j)
     int rc = qp->context->ops.post_send(qp, wrs, &bad);
     r->stats->posts++;
     if (rc) {
+        /* The WRs before *bad were posted and may still run: nothing of
+         * this QP can be vouched for, and the connection must go. */
         GK_WARN("rdma: post_send of %u WRs failed: %s", count, strerror(rc));
         qp_dies(r, j, GDRKV_E_INTERNAL);
+        r->lost = 1;
         return;
     }
     r->stats->wrs += count;
@@ -240,7 +244,11 @@ static int poll_completions(struct run *r)
         }
         GK_WARN("rdma: %s on QP %u completed with status %d", r->opcode == IBV_WR_RDMA_READ ?
                 "READ" : "WRITE", wc[i].qp_num, (int)wc[i].status);
-        qp_dies(r, j, error_of(wc[i].status));
+        /* An RC queue completes in order: the WRs before this one are done.
+         * This one carries its own error, the ones after it were flushed. */
+        qr->confirmed = GK_MAX(qr->confirmed, w->seq);
+        qp_dies(r, j, GDRKV_E_UNAVAILABLE);
+        fail_wr(r, w, error_of(wc[i].status));
     }
     return n;
 }
@@ -259,7 +267,8 @@ int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
 {
     struct run r = {
         .q = q, .opcode = opcode, .p = p, .fail = fail, .arg = arg, .stats = stats,
-        .max_sge = GK_MIN(GK_MAX(q->max_sge, 1u), (uint32_t)RDMA_POST_MAX_SGE),
+        .max_sge = GK_MIN(GK_MAX(opcode == IBV_WR_RDMA_READ ? q->max_sge_rd : q->max_sge, 1u),
+                          (uint32_t)RDMA_POST_MAX_SGE),
     };
     r.chain = GK_MAX(GK_MIN((uint32_t)RDMA_POST_CHAIN, q->sq_depth / 2), 1u);
     r.sig_every = GK_MAX(q->sq_depth / 2, 1u);
@@ -282,6 +291,7 @@ int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
             for (uint32_t j = 0; j < q->n; j++)
                 if (!r.qps[j].dead)
                     qp_dies(&r, j, GDRKV_E_INTERNAL);
+            r.lost = 1;
             break;
         }
         if (n == 0 && gk_now_ns() >= deadline_ns) {
@@ -291,7 +301,7 @@ int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
     }
     free(r.qps[0].wrs);
     free(r.recs);
-    return rc ? rc : r.broken ? GDRKV_E_UNAVAILABLE : 0;
+    return rc ? rc : r.lost ? GDRKV_E_INTERNAL : r.broken ? GDRKV_E_UNAVAILABLE : 0;
 }
 
 #endif

@@ -55,10 +55,16 @@ struct rdma_post_stats {
 typedef void (*rdma_fail_fn)(void *arg, uint32_t key, int err);
 
 /* Runs every piece (opcode IBV_WR_RDMA_READ or IBV_WR_RDMA_WRITE) and
- * waits for it, until deadline_ns. Returns 0 when every WR was confirmed
- * (some keys may have failed), GDRKV_E_TIMEOUT when the deadline came
- * first (nothing is confirmed: the caller fails the frame and kills the
- * QPs), or GDRKV_E_UNAVAILABLE when a QP broke (its keys failed). */
+ * waits for it, until deadline_ns. Returns
+ *   0                    every WR confirmed (keys may still have failed),
+ *   GDRKV_E_UNAVAILABLE  an error completion broke a QP: its unconfirmed
+ *                        keys failed, nothing of it is in flight (an RC
+ *                        queue flushes what follows an error), the rest
+ *                        is confirmed: the frame may finish, then the
+ *                        connection must go;
+ *   GDRKV_E_TIMEOUT, GDRKV_E_INTERNAL (a post or poll failed)  WRs may
+ *                        still be in flight: the caller fails the frame
+ *                        and destroys the QPs before returning. */
 int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
                   uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
                   struct rdma_post_stats *stats);

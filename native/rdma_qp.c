@@ -103,8 +103,7 @@ int rdma_qps_create(const struct rdma_dev *d, struct rdma_qps *q, uint32_t n, ui
                     uint32_t max_sge, int remote)
 {
     memset(q, 0, sizeof *q);
-    q->sq_depth = sq_depth;
-    q->max_sge = max_sge;
+    q->max_sge = q->max_sge_rd = max_sge;
     int cqe = (int)GK_MIN((uint64_t)n * sq_depth + n, (uint64_t)GK_MAX(d->attr.max_cqe, 1));
     q->cq = d->ibv->create_cq(d->ctx, cqe, NULL, NULL, 0);
     if (!q->cq) {
@@ -112,6 +111,16 @@ int rdma_qps_create(const struct rdma_dev *d, struct rdma_qps *q, uint32_t n, ui
                 strerror(errno));
         return -1;
     }
+    /* After an error every outstanding WR completes, signalled or not: the
+     * send queues together must never hold more than the CQ can take. */
+    q->sq_depth = GK_MIN(sq_depth, (uint32_t)GK_MAX(q->cq->cqe - (int)n, (int)n) / n);
+    if (q->sq_depth < 2 && sq_depth >= 2) {
+        GK_WARN("rdma: a CQ of %d entries on %s is too small for %u QPs", q->cq->cqe, d->name,
+                n);
+        rdma_qps_destroy(d, q);
+        return -1;
+    }
+    sq_depth = q->sq_depth;
     for (uint32_t i = 0; i < n; i++) {
         struct ibv_qp_init_attr init = {
             .send_cq = q->cq,
@@ -164,14 +173,14 @@ void rdma_qps_describe(const struct rdma_dev *d, const struct rdma_qps *q,
 }
 
 static int to_rtr(const struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_endpoint *peer,
-                  uint32_t i)
+                  uint32_t i, uint32_t dest_rd_atomic)
 {
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = (enum ibv_mtu)GK_MIN(d->mtu, peer->mtu),
         .dest_qp_num = peer->qpn[i],
         .rq_psn = peer->psn[i],
-        .max_dest_rd_atomic = (uint8_t)peer->rd_atomic,
+        .max_dest_rd_atomic = (uint8_t)dest_rd_atomic,
         .min_rnr_timer = 12,
         .ah_attr = {.port_num = d->port, .dlid = peer->lid},
     };
@@ -202,13 +211,14 @@ static int to_rts(const struct rdma_dev *d, struct ibv_qp *qp, uint32_t psn, uin
 }
 
 int rdma_qps_connect(const struct rdma_dev *d, struct rdma_qps *q,
-                     const struct rdma_endpoint *peer)
+                     const struct rdma_endpoint *peer, int initiator)
 {
     if (peer->nqps != q->n || peer->eth != d->eth)
         return -1;
     q->rd_atomic = peer->rd_atomic;
+    uint32_t out = initiator ? peer->rd_atomic : 1, in = initiator ? 1 : peer->rd_atomic;
     for (uint32_t i = 0; i < q->n; i++) {
-        if (to_rtr(d, q->qp[i], peer, i) || to_rts(d, q->qp[i], q->psn[i], peer->rd_atomic)) {
+        if (to_rtr(d, q->qp[i], peer, i, in) || to_rts(d, q->qp[i], q->psn[i], out)) {
             GK_WARN("rdma: QP to RTR/RTS failed on %s: %s", d->name, strerror(errno));
             return -1;
         }

@@ -67,6 +67,7 @@ struct rdma_qps {
     uint32_t n;
     uint32_t sq_depth;              /* WRs each send queue holds */
     uint32_t max_sge;
+    uint32_t max_sge_rd;            /* of which a READ may use (max_sge_rd) */
     uint32_t rd_atomic;             /* READs each QP may have in flight */
 };
 
@@ -76,9 +77,11 @@ struct rdma_qps {
 int rdma_qps_create(const struct rdma_dev *d, struct rdma_qps *q, uint32_t n, uint32_t sq_depth,
                     uint32_t max_sge, int remote);
 /* Moves every QP through INIT, RTR and RTS against the peer's QPs; the
- * peer's rd_atomic is the negotiated read depth. */
+ * peer's rd_atomic is the negotiated read depth, programmed as the READs
+ * this side issues (initiator) or accepts (responder); the other
+ * direction gets 1, which every device supports. */
 int rdma_qps_connect(const struct rdma_dev *d, struct rdma_qps *q,
-                     const struct rdma_endpoint *peer);
+                     const struct rdma_endpoint *peer, int initiator);
 /* The local side, for the peer. */
 void rdma_qps_describe(const struct rdma_dev *d, const struct rdma_qps *q,
                        struct rdma_endpoint *e);

@@ -83,6 +83,7 @@ struct server_conn {
     int pass_fd;                    /* sent with the response's first byte, or -1 */
 
     uint32_t lease_count;           /* keys of the lease or RESERVE (batch.objs) */
+    uint64_t lease_bytes;           /* their bytes: a big transfer gets longer */
     uint64_t lease_deadline_ns;
     int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
     int reserved_for_rdma;          /* the reservations are a RESERVE's, awaiting COMMIT */

@@ -161,6 +161,7 @@ static int op_lease(struct server_conn *c)
 {
     uint64_t bytes = pin_for_read(c);
     int rc = respond_chunk_lists(c);
+    c->lease_bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
         struct server_counters *k = &c->worker->counters;
         gk_counter_add(c->local ? &k->shm_leases : &k->rdma_leases, 1);
@@ -227,6 +228,7 @@ static int op_reserve(struct server_conn *c)
         bytes += b->sizes[i];
     }
     int rc = respond_chunk_lists(c);
+    c->lease_bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS)
         gk_counter_add(&c->worker->counters.rdma_reserved_bytes, bytes);
     return rc;
@@ -249,6 +251,11 @@ static int op_commit(struct server_conn *c)
     }
     for (uint32_t i = 0; i < n; i++) {
         if (b->objs[i] && c->body[i] != 1) {
+            /* The client says this key's bytes did not all arrive; a WRITE
+             * of it may still be coming, so the QPs stop before the room
+             * is given back, and the connection ends after this answer. */
+            server_rdma_conn_kill(c);
+            c->close_after_write = 1;
             store_abort_batch(s, &b->objs[i], 1);
             b->objs[i] = NULL;
             b->status[i] = GDRKV_E_INVALID;
@@ -299,7 +306,10 @@ int server_ops_execute(struct server_conn *c)
 
 void server_ops_frame_done(struct server_conn *c)
 {
-    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull;
+    /* The timeout, plus 1 ms per MiB held: a batch of tens of GiB moving at
+     * 1 GB/s or more is never cut off, a client that went away still is. */
+    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+                        (c->lease_bytes >> 20) * 1000000ull;
 
     if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
         c->holds = CONN_HOLDS_LEASE;

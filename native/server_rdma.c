@@ -97,8 +97,13 @@ static void free_rdma(struct server_rdma *r)
 static int register_pool(struct server_rdma *r, struct store *st, char *err, size_t errlen)
 {
     uint64_t size = store_capacity(st);
-    uint64_t piece = rdma_dev_max_mr(&r->dev, ALLOC_PAGE_SIZE);
-    if (piece == 0) {
+    uint64_t max = rdma_dev_max_mr(&r->dev, ALLOC_PAGE_SIZE);
+    /* At least one region per registering thread, so a device whose MRs
+     * may be as large as the pool still registers it in parallel. */
+    uint64_t share = (size / SERVER_RDMA_REG_THREADS + ALLOC_PAGE_SIZE - 1) / ALLOC_PAGE_SIZE *
+                     ALLOC_PAGE_SIZE;
+    uint64_t piece = GK_MIN(max, GK_MAX(share, (uint64_t)ALLOC_PAGE_SIZE));
+    if (max == 0) {
         snprintf(err, errlen, "%s registers at most %llu bytes, less than a slab page",
                  r->dev.name, (unsigned long long)r->dev.attr.max_mr_size);
         return GDRKV_E_UNAVAILABLE;
@@ -218,7 +223,7 @@ int server_rdma_hello(struct server_conn *c)
     if (!rc)
         return GDRKV_E_INTERNAL;
     if (rdma_qps_create(&r->dev, &rc->qps, peer.nqps, 1, 1, 1) ||
-        rdma_qps_connect(&r->dev, &rc->qps, &peer)) {
+        rdma_qps_connect(&r->dev, &rc->qps, &peer, 0)) {
         if (rc->qps.n)
             rdma_qps_destroy(&r->dev, &rc->qps);
         free(rc);
