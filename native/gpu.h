@@ -35,7 +35,7 @@ enum gpu_mode {
 /* auto: pieces at least this large on average go to the copy engines,
  * which match the kernel from that size on (measured on an H200,
  * docs/gpu.md) without taking SMs or HBM bandwidth from the engine. */
-#define GPU_AUTO_COPY_ENGINE_BYTES (256u << 10)
+#define GPU_AUTO_COPY_ENGINE_BYTES (64u << 10)
 
 struct gpu_piece {
     uint64_t dst;
