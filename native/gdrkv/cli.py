@@ -83,8 +83,9 @@ def _serve(args):
                 stall_timeout_ms=args.stall_timeout_ms,
                 max_connections=args.max_connections, unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma) as server:
+        rdma = ", rdma" if server.stats().get("rdma_enabled") else ""
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
-        print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{shm})",
+        print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{rdma}{shm})",
               flush=True)
         signal.sigwait(stop_signals)
     return 0
