@@ -7,6 +7,7 @@
 # it there. Without <infiniband/verbs.h> it is skipped with a notice.
 import glob
 import os
+import sys
 import tempfile
 
 from setuptools import setup
@@ -16,21 +17,12 @@ SOFTVERBS = "libsoftverbs.so"
 
 
 def softverbs_flags():
-    """The same warnings and GDRKV_SANITIZE/GDRKV_DEBUG handling as
-    native/build_native.py."""
-    cflags = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-fPIC",
-              "-fvisibility=hidden", "-pthread"]
-    ldflags = ["-pthread"]
-    if os.environ.get("GDRKV_SANITIZE") == "1":
-        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-               "-fno-sanitize-recover=undefined"]
-        cflags += san + ["-O1", "-g"]
-        ldflags += san
-    elif os.environ.get("GDRKV_DEBUG") == "1":
-        cflags += ["-O0", "-g"]
-    else:
-        cflags += ["-O2", "-g"]
-    return cflags, ldflags
+    """native/build_native.py's flags, position-independent: a plain shared
+    library rather than a Python extension."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
+    from build_native import compile_flags
+    cflags, ldflags = compile_flags()
+    return cflags + ["-fPIC"], ldflags
 
 
 class BuildExtWithSoftverbs(build_ext):

@@ -43,14 +43,11 @@ def have_verbs_headers():
                                stderr=subprocess.DEVNULL) == 0
 
 
-def _flags():
+def compile_flags():
+    """Warnings, visibility and the GDRKV_SANITIZE/GDRKV_DEBUG modes, shared
+    by the extension and libsoftverbs.so (setup.py)."""
     cflags = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
               "-Wno-unused-parameter", "-fvisibility=hidden", "-pthread"]
-    if have_verbs_headers():
-        cflags.append("-DGDRKV_HAVE_VERBS")
-    else:
-        print("gdrkv: <infiniband/verbs.h> not found: building without the rdma transport "
-              "(install libibverbs-dev / rdma-core-devel to have it)")
     ldflags = ["-pthread"]
     if os.environ.get("GDRKV_SANITIZE") == "1":
         san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
@@ -61,6 +58,16 @@ def _flags():
         cflags += ["-O0", "-g"]
     else:
         cflags += ["-O2", "-g"]
+    return cflags, ldflags
+
+
+def _flags():
+    cflags, ldflags = compile_flags()
+    if have_verbs_headers():
+        cflags.append("-DGDRKV_HAVE_VERBS")
+    else:
+        print("gdrkv: <infiniband/verbs.h> not found: building without the rdma transport "
+              "(install libibverbs-dev / rdma-core-devel to have it)")
     return cflags, ldflags
 
 

@@ -257,15 +257,24 @@ int gdrkv_batch_get(gdrkv_client *c, uint32_t n, const char *keys, const uint32_
                                   results, 0);
 }
 
+static int data_call(gdrkv_client *c, uint8_t op, uint32_t n, const char *keys,
+                     const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                     const uint64_t *seg_lens, const uint32_t *seg_counts, int64_t *results,
+                     uint64_t stream)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
+                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
+                            .stream = stream};
+    return client_keyed_call(c, op, &k);
+}
+
 int gdrkv_batch_put_stream(gdrkv_client *c, uint32_t n, const char *keys,
                            const uint32_t *key_lens, const uint64_t *seg_ptrs,
                            const uint64_t *seg_lens, const uint32_t *seg_counts,
                            int64_t *results, uint64_t stream)
 {
-    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
-                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
-                            .stream = stream};
-    return client_keyed_call(c, GK_OP_PUT, &k);
+    return data_call(c, GK_OP_PUT, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts, results,
+                     stream);
 }
 
 int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
@@ -273,10 +282,8 @@ int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
                            const uint64_t *seg_lens, const uint32_t *seg_counts,
                            int64_t *results, uint64_t stream)
 {
-    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
-                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
-                            .stream = stream};
-    return client_keyed_call(c, GK_OP_GET, &k);
+    return data_call(c, GK_OP_GET, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts, results,
+                     stream);
 }
 
 int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
