@@ -10,6 +10,7 @@ once that way); GDRKV_DEBUG=1 builds without optimisation.
 import glob
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 
@@ -25,10 +26,34 @@ def _cdef_from_header(path):
     return "\n".join(lines)
 
 
+FATBIN = "gpu_kernels_fatbin.c"
+
+
+def _fresh_fatbin(root):
+    """The copy kernel compiled now (sm_80, sm_90, PTX) where nvcc exists,
+    into build/; None (use the committed native/gpu_kernels_fatbin.c) when
+    there is no nvcc, GDRKV_NVCC=0, or it fails."""
+    nvcc = os.environ.get("NVCC", "nvcc")
+    if os.environ.get("GDRKV_NVCC") == "0" or not shutil.which(nvcc):
+        return None
+    out = os.path.join(root, "build", "gdrkv-kernels", FATBIN)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    script = os.path.join(root, "scripts", "build_cuda_kernels.sh")
+    if subprocess.call(["sh", script, out], stdout=subprocess.DEVNULL) != 0:
+        print(f"gdrkv: {nvcc} failed on the copy kernel: using the committed {FATBIN}")
+        return None
+    return out
+
+
 def _sources():
     # Relative paths: setuptools wants them relative to the project root.
     root = os.path.dirname(HERE)
-    return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "*.c")))
+    sources = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "*.c")))
+    fresh = _fresh_fatbin(root)
+    if fresh:
+        sources = [os.path.relpath(fresh, root) if os.path.basename(s) == FATBIN else s
+                   for s in sources]
+    return sources
 
 
 def have_verbs_headers():

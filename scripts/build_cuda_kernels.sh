@@ -3,11 +3,13 @@
 # machine code for sm_80 (A100) and sm_90 (H100/H200) plus compute_90 PTX,
 # which the driver compiles for newer GPUs. The generated C file is
 # committed, so builds without nvcc still carry the kernel; run this after
-# changing copy.cu and commit both. NVCC overrides the compiler.
+# changing copy.cu and commit both. NVCC overrides the compiler. The build
+# (native/build_native.py) also runs it, with an output path, where nvcc
+# exists: scripts/build_cuda_kernels.sh [OUT.c]
 set -eu
+out=$(realpath -m "${1:-native/gpu_kernels_fatbin.c}")
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
-out=native/gpu_kernels_fatbin.c
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$NVCC" -O3 -fatbin \
