@@ -721,11 +721,13 @@ int client_conn_progress(struct client_conn *c)
     /* A phase that finishes goes straight on to the next: GET values
      * usually arrive with the header, and a lease's RELEASE can go out at
      * once. A request just sent waits for poll: its answer can't be there. */
-    if (c->gpu_err) {
-        c->why = "GPU staging failed";
-        return c->gpu_err;
-    }
     for (;;) {
+        /* Checked before every phase: a frame begun inside this loop (after
+         * RDMA_HELLO) must not send staging its GPU gather failed to fill. */
+        if (c->gpu_err) {
+            c->why = "GPU staging failed";
+            return c->gpu_err;
+        }
         enum client_conn_phase before = c->phase;
         int rc = run_phase(c);
         if (rc != 0 || c->phase == before || c->phase == CLIENT_CONN_RECV_HEAD)

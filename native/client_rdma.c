@@ -595,21 +595,34 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     return err;
 }
 
+/* GPU memory the NIC reads or writes: only after the work queued before
+ * the call on the caller's stream (or the legacy default stream) is done,
+ * as the staged transports order their copies. On failure the frame's keys
+ * fail (INTERNAL) and 0 is returned. */
+static int stream_ordered(struct client_batch *b, const struct client_frame *f)
+{
+    if (!b->gpu || gpu_call_order(b->gpu) == 0)
+        return 1;
+    for (uint32_t p = f->first; p < f->first + f->count; p++)
+        if (b->results[b->index[p]] >= 0)
+            b->results[b->index[p]] = GDRKV_E_INTERNAL;
+    return 0;
+}
+
 int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                      struct client_batch *b, const struct client_frame *f)
 {
+    if (!stream_ordered(b, f))
+        return 0;
     return run(rc, IBV_WR_RDMA_READ, lists, len, b, f, NULL, b->got);
 }
 
 int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                       struct client_batch *b, const struct client_frame *f, uint8_t *flags)
 {
-    /* GPU values: the NIC reads them after the work queued before the call
-     * on the caller's stream (or the legacy default stream) is done. */
-    const struct gk_cuda *cu = b->gpu ? gk_cuda_if_loaded() : NULL;
-    if (cu && cu->cuStreamSynchronize((CUstream)(uintptr_t)b->gpu->stream) != GK_CUDA_SUCCESS) {
+    if (!stream_ordered(b, f)) {
         for (uint32_t p = f->first; p < f->first + f->count; p++)
-            flags[p - f->first] = 0, b->results[b->index[p]] = GDRKV_E_INTERNAL;
+            flags[p - f->first] = 0;
         return 0;
     }
     rc->flags = flags;

@@ -7,6 +7,7 @@
  * their pools, the rest are closed, and each server hears how it went.
  */
 #include <errno.h>
+#include <sched.h>
 #include <poll.h>
 
 #include "client.h"
@@ -138,7 +139,10 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
             fail_active(c, call, GDRKV_E_TIMEOUT, "timed out");
             return;
         }
-        /* A GPU copy in flight is polled, not waited for: its end has no fd. */
+        /* A GPU copy in flight is polled, not waited for: its end has no fd.
+         * When nothing else is left, let other threads have the core. */
+        if (busy && busy == active)
+            sched_yield();
         if (poll(call->pollfds, call->njobs, busy ? 0 : ms) < 0 && errno != EINTR) {
             fail_active(c, call, GDRKV_E_INTERNAL, "poll failed");
             return;

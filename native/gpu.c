@@ -440,6 +440,16 @@ int gpu_slot_wait(struct gpu_slot *s)
     return rc;
 }
 
+int gpu_wait_stream(int dev, uint64_t stream)
+{
+    const struct gk_cuda *cu = gk_cuda();
+    if (!cu || !dev_enter(cu, dev))
+        return GDRKV_E_INTERNAL;
+    CUresult r = cu->cuStreamSynchronize((CUstream)(uintptr_t)stream);
+    dev_leave(cu);
+    return r == GK_CUDA_SUCCESS ? 0 : cu_failed("waiting for the caller's stream", r);
+}
+
 int gpu_slot_poll(struct gpu_slot *s)
 {
     const struct gk_cuda *cu = gk_cuda();

@@ -86,6 +86,12 @@ int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint
 int gpu_slot_wait(struct gpu_slot *s);
 /* Whether they have: 1 finished, 0 still running, GDRKV_E_INTERNAL. */
 int gpu_slot_poll(struct gpu_slot *s);
+
+/* Waits for the work queued on stream (a CUstream of the caller, or 0 for
+ * the legacy default stream of device dev's primary context): what the
+ * NIC reads or writes directly (rdma) must come after it. 0 or
+ * GDRKV_E_INTERNAL. */
+int gpu_wait_stream(int dev, uint64_t stream);
 /* Waits, then frees what the slot holds. */
 void gpu_slot_free(struct gpu_slot *s);
 

@@ -22,6 +22,7 @@
 #include "common.h"
 #include "gdrkv.h"
 #include "log.h"
+#include "log.h"
 
 /* Smallest staging buffer a connection allocates: pinned allocation is
  * slow, so buffers only grow, geometrically. */
@@ -105,8 +106,25 @@ static int classify(struct classifier *k, uint64_t ptr, uint64_t len)
             k->alive[i] = region_alive(k->cu, r) ? 1 : -1;
         return k->alive[i] > 0 ? r->device : -2;
     }
+    /* Unregistered: GPU memory (or memory CUDA can't tell about) is refused;
+     * only what CUDA says is host memory may be copied by the CPU. */
     int dev;
-    return gk_cuda_pointer_device(ptr, &dev) == 1 ? -2 : -1;
+    return gk_cuda_pointer_device(ptr, &dev) == 0 ? -1 : -2;
+}
+
+int gpu_call_order(const struct gpu_call *g)
+{
+    uint32_t seen = 0;
+    for (uint64_t s = 0; s < g->nsegs; s++) {
+        int dev = g->seg_dev[s];
+        if (dev < 0 || (seen & (1u << dev)))
+            continue;
+        seen |= 1u << dev;
+        int rc = gpu_wait_stream(dev, g->stream);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 void gpu_call_free(struct gpu_call *g)
@@ -117,6 +135,34 @@ void gpu_call_free(struct gpu_call *g)
     free(g->seg_dev);
     free(g->bad);
     free(g);
+}
+
+/* A CUDA stream belongs to one GPU's context: a call that passes one and
+ * has GPU segments on several devices fails those keys (E_INVALID) rather
+ * than queue copies on a stream of the wrong device. */
+static void refuse_multi_gpu_stream(struct gpu_call *g, const struct client_keys *k)
+{
+    int first = -1, multi = 0;
+    for (uint64_t s = 0; s < g->nsegs && g->stream; s++) {
+        if (g->seg_dev[s] < 0)
+            continue;
+        if (first < 0)
+            first = g->seg_dev[s];
+        multi |= g->seg_dev[s] != first;
+    }
+    if (!multi)
+        return;
+    GK_WARN("a call with a CUDA stream has GPU segments on several GPUs: refused; pass no "
+            "stream, or one call per GPU");
+    uint64_t seg = 0;
+    for (uint32_t i = 0; i < k->n; i++) {
+        for (uint64_t s = seg; s < seg + k->seg_counts[i]; s++)
+            if (g->seg_dev[s] >= 0 && !g->bad[i]) {
+                g->bad[i] = 1;
+                k->results[i] = GDRKV_E_INVALID;
+            }
+        seg += k->seg_counts[i];
+    }
 }
 
 static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs)
@@ -191,6 +237,7 @@ struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
     if (g) {
         memcpy(g->seg_dev, dev, nsegs);
         g->mode = c->opts.gpu_copy;
+        refuse_multi_gpu_stream(g, k);
     }
 out:
     free(dev);

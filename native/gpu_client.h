@@ -59,6 +59,10 @@ struct gpu_call {
 struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
                                   const struct client_keys *k, int *rc);
 void gpu_call_free(struct gpu_call *g);
+/* For the NIC moving GPU memory itself (rdma): waits for the work queued
+ * before the call on the caller's stream, or else on the legacy default
+ * stream of every GPU the call touches. 0 or GDRKV_E_INTERNAL. */
+int gpu_call_order(const struct gpu_call *g);
 
 static inline int gpu_seg_device(const struct gpu_call *g, uint64_t seg)
 {

@@ -211,10 +211,11 @@ def test_gpu_copy_alone(torch):
         assert torch.equal(back, host), mode
 
 
-def test_stream_orders_put_after_engine_work(torch, server, make_client):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_stream_orders_put_after_engine_work(torch, server, make_client, transport):
     """PUT with the engine's stream reads what a kernel queued on that
     stream wrote, without the caller synchronising; GET with a stream."""
-    client = client_for(make_client, server, "shm")
+    client = client_for(make_client, server, transport)
     size, count = 64 << 10, 32
     src = gpu_buffer(torch, count * size)
     client.register(src)
@@ -231,6 +232,27 @@ def test_stream_orders_put_after_engine_work(torch, server, make_client):
     assert client.batch_get(keys, [dest.data_ptr() + i * size for i in range(count)],
                             [size] * count, stream=stream.cuda_stream) == [size] * count
     assert bool((dest == 0x5A).all())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_get_waits_for_work_queued_on_the_default_stream(torch, server, make_client, transport):
+    """A GET without a stream lands after the kernels queued before the call
+    on the legacy default stream: a slow kernel that fills the destination
+    must not overwrite what the GET wrote."""
+    client = client_for(make_client, server, transport)
+    size, count = 64 << 10, 16
+    keys = [f"order-{unique()}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * count
+    dest = gpu_buffer(torch, count * size)
+    client.register(dest)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)               # on the default stream, before the fill
+    dest.fill_(0x33)
+    ptrs = [dest.data_ptr() + i * size for i in range(count)]
+    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+    torch.cuda.synchronize()
+    assert read_gpu(torch, dest, ptrs, size) == values
 
 
 # ---------------------------------------------------------------- leases
