@@ -15,7 +15,6 @@
 #include "gpu_client.h"
 #include "gdrkv.h"
 #include "log.h"
-#include "net.h"
 #include "protocol.h"
 
 static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t hi)
@@ -33,9 +32,11 @@ int client_rdma_init(struct client_rdma *r)
     r->qps_per_conn = env_u32("GDRKV_IB_QPS", 4, 1, 16);
     r->sq_depth = env_u32("GDRKV_IB_SQ_DEPTH", 512, 2, 1u << 15);
     const char *flush = getenv("GDRKV_IB_FLUSH");
-    r->flush_mode = !flush || !*flush || !strcmp(flush, "auto") ? CLIENT_RDMA_FLUSH_AUTO
-                    : !strcmp(flush, "always") ? CLIENT_RDMA_FLUSH_ALWAYS
-                    : CLIENT_RDMA_FLUSH_NEVER;
+    r->flush_mode = flush && !strcmp(flush, "always") ? CLIENT_RDMA_FLUSH_ALWAYS
+                    : flush && !strcmp(flush, "never") ? CLIENT_RDMA_FLUSH_NEVER
+                    : CLIENT_RDMA_FLUSH_AUTO;
+    if (flush && *flush && strcmp(flush, "auto") && r->flush_mode == CLIENT_RDMA_FLUSH_AUTO)
+        GK_WARN("GDRKV_IB_FLUSH=%s is not auto, always or never: using auto", flush);
     if (pthread_mutex_init(&r->lock, NULL))
         return GDRKV_E_INTERNAL;
     if (pthread_mutex_init(&r->flush_lock, NULL)) {
@@ -48,8 +49,6 @@ int client_rdma_init(struct client_rdma *r)
 #ifdef GDRKV_HAVE_VERBS
 #include "rdma_dev.h"
 #include "rdma_qp.h"
-
-/* ------------------------------------------------------------ device, MRs */
 
 /* ------------------------------------------------------------ flush READs */
 
@@ -126,6 +125,8 @@ static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint6
     __atomic_fetch_add(&r->flushes, 1, __ATOMIC_RELAXED);
     return rc;
 }
+
+/* ------------------------------------------------------------ device, MRs */
 
 void client_rdma_destroy(struct client_rdma *r)
 {
