@@ -163,6 +163,15 @@ uint8_t *server_conn_response(struct server_conn *c, int32_t status, uint32_t co
     return c->out + GK_HDR_SIZE;
 }
 
+int server_conn_error(struct server_conn *c, int32_t code, const char *msg, size_t len)
+{
+    uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
+    if (!body)
+        return GDRKV_E_INTERNAL;
+    memcpy(body, msg, len);
+    return 0;
+}
+
 /* ------------------------------------------------------------ frames */
 
 /* Answers the current frame with an error status and a message, then goes
@@ -182,10 +191,8 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
 
     gk_counter_add(&c->worker->counters.frames_bad, 1);
     GK_DEBUG("fd %d: frame rejected (%s): %s", c->fd, gdrkv_strerror(code), msg);
-    uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
-    if (!body)
+    if (server_conn_error(c, code, msg, (size_t)len))
         return STEP_CLOSE;
-    memcpy(body, msg, (size_t)len);
     c->close_after_write = !keep;
     c->state = CONN_WRITE;
     return STEP_MORE;

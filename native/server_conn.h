@@ -108,5 +108,8 @@ void server_conn_close(struct server_conn *c);
  * returns where its body_len body bytes go, or NULL when out of memory. */
 uint8_t *server_conn_response(struct server_conn *c, int32_t status, uint32_t count,
                               uint32_t body_len, uint64_t payload_len);
+/* A response that refuses the whole frame: status code, msg as the body.
+ * 0, or GDRKV_E_INTERNAL when out of memory. */
+int server_conn_error(struct server_conn *c, int32_t code, const char *msg, size_t len);
 
 #endif

@@ -126,11 +126,7 @@ static int respond_chunk_lists(struct server_conn *c)
     if (body_len > GK_MAX_BODY) {
         server_ops_release(c);
         static const char msg[] = "the objects' chunk lists exceed the body limit";
-        uint8_t *body = server_conn_response(c, GDRKV_E_TOO_LARGE, 0, sizeof msg - 1, 0);
-        if (!body)
-            return GDRKV_E_INTERNAL;
-        memcpy(body, msg, sizeof msg - 1);
-        return 0;
+        return server_conn_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
     }
     uint8_t *p = server_conn_response(c, 0, n, (uint32_t)body_len, 0);
     if (!p)

@@ -24,11 +24,7 @@
 static int no_rdma(struct server_conn *c)
 {
     static const char msg[] = "this server has no rdma";
-    uint8_t *body = server_conn_response(c, GDRKV_E_UNSUPPORTED, 0, sizeof msg - 1, 0);
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    memcpy(body, msg, sizeof msg - 1);
-    return 0;
+    return server_conn_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
 }
 
 #ifdef GDRKV_HAVE_VERBS
@@ -188,14 +184,9 @@ int server_rdma_enabled(const struct gdrkv_server *s)
 
 static int refuse(struct server_conn *c, int code, const char *msg)
 {
-    size_t len = strlen(msg);
     __atomic_fetch_add(&c->worker->server->rdma->sessions_refused, 1, __ATOMIC_RELAXED);
     GK_DEBUG("fd %d: rdma hello refused: %s", c->fd, msg);
-    uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    memcpy(body, msg, len);
-    return 0;
+    return server_conn_error(c, code, msg, strlen(msg));
 }
 
 int server_rdma_hello(struct server_conn *c)
