@@ -138,6 +138,16 @@ def stat(stats, name):
     return stats[name]
 
 
+def run_gdrkv(*args, env=None, timeout=60, drop=()):
+    """The `gdrkv` command in a child process: its CompletedProcess (text).
+    drop names variables of this environment the child must not see, env
+    adds some."""
+    child_env = {k: v for k, v in os.environ.items() if k not in drop}
+    child_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gdrkv", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=child_env)
+
+
 def unique(prefix="t"):
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 

@@ -7,14 +7,13 @@ import sys
 
 import pytest
 
-from conftest import stat
+from conftest import run_gdrkv, stat
 
 PHYSICAL_RAM = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def gdrkv(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "gdrkv", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_gdrkv(*args, timeout=timeout)
 
 
 def find_key(tree, name):

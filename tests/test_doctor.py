@@ -3,12 +3,11 @@ machine as it is, and its self-test's checks."""
 import ctypes
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import fake_sysfs
+from conftest import run_gdrkv
 from fake_sysfs import GPU_A, GPU_B, GPU_C
 from gdrkv import client as client_module
 from gdrkv import doctor, doctor_selftest, sysinfo_gpu, sysinfo_pci, sysinfo_rdma
@@ -18,11 +17,8 @@ HOST_HAS_RDMA = bool(os.listdir("/sys/class/infiniband")) \
 
 
 def gdrkv(*args, env=None, timeout=120):
-    full_env = {k: v for k, v in os.environ.items()
-                if k not in ("GDRKV_SYSFS_ROOT", "GDRKV_IBVERBS_LIB", "GDRKV_IB_GID_INDEX")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gdrkv", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=full_env)
+    return run_gdrkv(*args, env=env, timeout=timeout,
+                     drop=("GDRKV_SYSFS_ROOT", "GDRKV_IBVERBS_LIB", "GDRKV_IB_GID_INDEX"))
 
 
 @pytest.fixture

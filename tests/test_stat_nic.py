@@ -2,24 +2,18 @@
 next to a real `gdrkv serve` process's own counters, and per-second rates
 with --interval."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 import fake_sysfs
-from conftest import stat
+from conftest import run_gdrkv, stat
 from gdrkv import stat_nic
 from gdrkv.cli import main
 from gdrkv.sizes import format_size
 
 
 def gdrkv(*args, env=None, timeout=60):
-    full_env = {k: v for k, v in os.environ.items() if k != "GDRKV_SYSFS_ROOT"}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gdrkv", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=full_env)
+    return run_gdrkv(*args, env=env, timeout=timeout, drop=("GDRKV_SYSFS_ROOT",))
 
 
 @pytest.fixture
