@@ -1,8 +1,11 @@
 """cffi builder (API, out-of-line mode) for gdrkv's native library.
 
-Compiles every C file in native/ into the extension module gdrkv._native.
-The cdef is native/gdrkv.h itself with preprocessor lines removed, so the
-public header is the single source of truth for the binding.
+Compiles the C files of the library's wings (native/common, store, server,
+client, rdma, gpu: LAYOUT in README.md) into the extension module
+gdrkv._native. The cdef is native/include/gdrkv.h itself with preprocessor
+lines removed, so the public header is the single source of truth for the
+binding. native/softverbs stands apart: setup.py builds it as its own
+shared library.
 
 GDRKV_SANITIZE=1 builds with AddressSanitizer and UBSan (the test suite runs
 once that way); GDRKV_DEBUG=1 builds without optimisation.
@@ -26,19 +29,21 @@ def _cdef_from_header(path):
     return "\n".join(lines)
 
 
+# The library's wings, bottom up; softverbs is not one of them.
+WINGS = ("common", "store", "server", "rdma", "gpu", "client")
 FATBIN = "gpu_kernels_fatbin.c"
 
 
 def _fresh_fatbin(root):
     """The copy kernel compiled now (sm_80, sm_90, PTX) where nvcc exists,
-    into build/; None (use the committed native/gpu_kernels_fatbin.c) when
+    into build/; None (use the committed native/gpu/gpu_kernels_fatbin.c) when
     there is no nvcc, GDRKV_NVCC=0, or it fails."""
     nvcc = os.environ.get("NVCC", "nvcc")
     if os.environ.get("GDRKV_NVCC") == "0" or not shutil.which(nvcc):
         return None
     out = os.path.join(root, "build", "gdrkv-kernels", FATBIN)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    script = os.path.join(root, "scripts", "build_cuda_kernels.sh")
+    script = os.path.join(HERE, "gpu", "build_cuda_kernels.sh")
     if subprocess.call(["sh", script, out], stdout=subprocess.DEVNULL) != 0:
         print(f"gdrkv: {nvcc} failed on the copy kernel: using the committed {FATBIN}")
         return None
@@ -48,7 +53,8 @@ def _fresh_fatbin(root):
 def _sources():
     # Relative paths: setuptools wants them relative to the project root.
     root = os.path.dirname(HERE)
-    sources = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "*.c")))
+    sources = sorted(os.path.relpath(p, root)
+                     for wing in WINGS for p in glob.glob(os.path.join(HERE, wing, "*.c")))
     fresh = _fresh_fatbin(root)
     if fresh:
         sources = [os.path.relpath(fresh, root) if os.path.basename(s) == FATBIN else s
@@ -58,7 +64,7 @@ def _sources():
 
 def have_verbs_headers():
     """rdma-core's verbs.h (Debian: libibverbs-dev) gives the rdma transport
-    its types; the library itself is loaded at run time (native/ibv.h)."""
+    its types; the library itself is loaded at run time (native/rdma/ibv.h)."""
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as f:
@@ -97,13 +103,13 @@ def _flags():
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef_from_header(os.path.join(HERE, "gdrkv.h")))
+ffibuilder.cdef(_cdef_from_header(os.path.join(HERE, "include", "gdrkv.h")))
 _cflags, _ldflags = _flags()
 ffibuilder.set_source(
     "gdrkv._native",
     '#include "gdrkv.h"\n',
     sources=_sources(),
-    include_dirs=[os.path.relpath(HERE, os.path.dirname(HERE))],
+    include_dirs=[os.path.relpath(d, os.path.dirname(HERE)) for d in (HERE, os.path.join(HERE, "include"))],
     libraries=["dl"],
     extra_compile_args=_cflags,
     extra_link_args=_ldflags,

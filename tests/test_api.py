@@ -8,7 +8,7 @@ from gdrkv import errors
 
 MiB = 1 << 20
 
-# Must match enum gdrkv_error in native/gdrkv.h: the codes travel on the wire.
+# Must match enum gdrkv_error in native/include/gdrkv.h: the codes travel on the wire.
 CODES = dict(OK=0, E_NOT_FOUND=-1, E_TOO_SMALL=-2, E_NO_SPACE=-3, E_TIMEOUT=-4,
              E_UNAVAILABLE=-5, E_PROTOCOL=-6, E_INVALID=-7, E_TOO_LARGE=-8, E_BUSY=-9,
              E_UNSUPPORTED=-10, E_INTERNAL=-11, E_CLOSED=-12)

@@ -1,4 +1,4 @@
-"""A small pure-Python codec of the gdrkv wire format (native/protocol.h).
+"""A small pure-Python codec of the gdrkv wire format (native/common/protocol.h).
 
 Only the raw-socket tests use it: to send frames the real client never
 sends (malformed, truncated, read slowly) and to play fake servers. It is

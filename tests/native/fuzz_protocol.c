@@ -1,5 +1,5 @@
 /*
- * fuzz_protocol.c - fuzz target for the frame parser (native/protocol.c),
+ * fuzz_protocol.c - fuzz target for the frame parser (native/common/protocol.c),
  * the code that reads bytes straight off the network.
  *
  * Built two ways: with clang -fsanitize=fuzzer it is a libFuzzer target
@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "common/common.h"
 #include "gdrkv.h"
-#include "protocol.h"
-#include "rdma_qp.h"
+#include "common/protocol.h"
+#include "rdma/rdma_qp.h"
 
 static void check(int cond, const char *what)
 {

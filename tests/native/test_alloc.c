@@ -5,9 +5,9 @@
  */
 #include <string.h>
 
-#include "alloc.h"
+#include "store/alloc.h"
 #include "check.h"
-#include "common.h"
+#include "common/common.h"
 
 #define PAGE ALLOC_PAGE_SIZE
 

@@ -13,11 +13,11 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "common.h"
+#include "common/common.h"
 #include "gdrkv.h"
-#include "net.h"
-#include "protocol.h"
-#include "route.h"
+#include "common/net.h"
+#include "common/protocol.h"
+#include "client/route.h"
 
 #define POOL_BYTES (192ull << 20)
 #define TIMEOUT_MS 400

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "index.h"
-#include "protocol.h"
+#include "store/index.h"
+#include "common/protocol.h"
 
 struct item {
     struct index_node node;

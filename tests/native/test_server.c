@@ -16,10 +16,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "common.h"
+#include "common/common.h"
 #include "gdrkv.h"
-#include "net.h"
-#include "protocol.h"
+#include "common/net.h"
+#include "common/protocol.h"
 
 #define POOL_BYTES (64ull << 20)
 #define STALL_MS 800

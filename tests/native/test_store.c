@@ -11,11 +11,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "alloc.h"
+#include "store/alloc.h"
 #include "check.h"
-#include "common.h"
+#include "common/common.h"
 #include "gdrkv.h"
-#include "store.h"
+#include "store/store.h"
 
 #define MiB (1ull << 20)
 

@@ -1,0 +1,422 @@
+/*
+ * client.c - the client half of gdrkv.h: options, the server table, and
+ * the public entry points, each of which becomes a keyed batch or a
+ * keyless call (client_batch.c).
+ *
+ * A client is shared by many threads: the server table and options never
+ * change after open, each server guards its own pool and health, and the
+ * counters are atomics. gdrkv_client_close frees everything; the binding
+ * drops its pointer then, and a NULL client reads as closed.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "client_batch.h"
+#include "client_server.h"
+#include "client_gpu.h"
+#include "common/net.h"
+
+#define CLIENT_DEFAULT_PORT 7480
+#define CLIENT_MAX_CONNS 64
+
+void gdrkv_client_opts_init(gdrkv_client_opts *opts)
+{
+    *opts = (gdrkv_client_opts){
+        .servers = "",
+        .ns = "",
+        .timeout_ms = 5000,
+        .connect_timeout_ms = 1000,
+        .conns = 4,
+        .backoff_min_ms = 100,
+        .backoff_max_ms = 5000,
+    };
+}
+
+static int open_error(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int open_error(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
+{
+    if (!o->servers || !*o->servers)
+        return open_error(err, errlen, GDRKV_E_INVALID, "empty server list");
+    if (o->ns && strlen(o->ns) > GK_MAX_NS_LEN)
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "namespace '%.40s...' is longer than %d bytes",
+                          o->ns, GK_MAX_NS_LEN);
+    if (o->conns == 0 || o->conns > CLIENT_MAX_CONNS)
+        return open_error(err, errlen, GDRKV_E_INVALID, "conns must be 1..%d", CLIENT_MAX_CONNS);
+    if (o->timeout_ms == 0)
+        return open_error(err, errlen, GDRKV_E_INVALID, "timeout_ms must be positive");
+    if (o->connect_timeout_ms == 0)
+        return open_error(err, errlen, GDRKV_E_INVALID, "connect_timeout_ms must be positive");
+    if (o->backoff_max_ms < o->backoff_min_ms)
+        return open_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
+    if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_RDMA)
+        return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp, shm or rdma");
+    if (o->gpu_copy < GDRKV_GPU_COPY_AUTO || o->gpu_copy > GDRKV_GPU_COPY_ENGINE)
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "gpu_copy must be auto, kernel or copy_engine");
+    return 0;
+}
+
+#define UNIX_PREFIX "unix:"
+
+/* Parses one entry of the server list (len bytes at spec) into the next
+ * slot: "host[:port]", or "unix:PATH" for a local server's socket. */
+static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, size_t errlen)
+{
+    char text[CLIENT_SERVER_NAME_MAX];
+    struct gk_addr addr;
+    const char *unix_path = NULL;
+
+    while (len && (*spec == ' ' || *spec == '\t'))
+        spec++, len--;
+    while (len && (spec[len - 1] == ' ' || spec[len - 1] == '\t'))
+        len--;
+    if (len == 0)
+        return open_error(err, errlen, GDRKV_E_INVALID, "empty entry in the server list");
+    if (len >= sizeof text)
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "server address '%.40s...' is too long", spec);
+    memcpy(text, spec, len);
+    text[len] = '\0';
+    if (!strncmp(text, UNIX_PREFIX, strlen(UNIX_PREFIX))) {
+        unix_path = text + strlen(UNIX_PREFIX);
+        if (!*unix_path || strlen(unix_path) >= GK_UNIX_PATH_MAX)
+            return open_error(err, errlen, GDRKV_E_INVALID,
+                              "bad unix socket path in '%s' (1..%d bytes)", text,
+                              GK_UNIX_PATH_MAX - 1);
+    } else if (gk_parse_addr(text, CLIENT_DEFAULT_PORT, &addr)) {
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "bad server address '%s' (want host:port or unix:PATH)", text);
+    }
+
+    struct client_server *s = &c->servers[c->nservers];
+    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
+    if (rc == GDRKV_E_INVALID && unix_path)
+        return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
+                          "reach it (shm and auto can)", text,
+                          c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "rdma");
+    if (rc == GDRKV_E_INVALID)
+        return open_error(err, errlen, rc, "server %s can't use transport shm: shm needs a "
+                          "local server (a loopback address or unix:PATH)", text);
+    if (rc)
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    /* auto reaches a server on this host over shm (or tcp): rdma through the
+     * NIC and back would only cost more. */
+    if (c->opts.transport == GDRKV_TRANSPORT_RDMA ||
+        (c->opts.transport == GDRKV_TRANSPORT_AUTO && !s->local))
+        s->rdma = &c->rdma;
+    c->seeds[c->nservers++] = s->seed;
+    for (uint32_t i = 0; i + 1 < c->nservers; i++)
+        if (!strcmp(c->servers[i].name, s->name))
+            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->name);
+    return 0;
+}
+
+static int add_servers(gdrkv_client *c, const char *list, char *err, size_t errlen)
+{
+    uint32_t n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == ',';
+    c->servers = calloc(n, sizeof *c->servers);
+    c->seeds = calloc(n, sizeof *c->seeds);
+    if (!c->servers || !c->seeds)
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    for (const char *p = list;; p++) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int rc = add_server(c, p, len, err, errlen);
+        if (rc || !comma)
+            return rc;
+        p = comma;
+    }
+}
+
+int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *err, size_t errlen)
+{
+    if (!opts || !out)
+        return open_error(err, errlen, GDRKV_E_INVALID, "no options or no place for the client");
+    *out = NULL;
+    int rc = check_opts(opts, err, errlen);
+    if (rc)
+        return rc;
+    gdrkv_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    if (client_regions_init(&c->regions)) {
+        free(c);
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    }
+    if (client_copier_init(&c->copier)) {
+        client_regions_destroy(&c->regions);
+        free(c);
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    }
+    if (client_rdma_init(&c->rdma)) {
+        client_copier_destroy(&c->copier);
+        client_regions_destroy(&c->regions);
+        free(c);
+        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    }
+    c->opts = *opts;
+    c->opts.servers = NULL;
+    snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
+    c->opts.ns = c->ns_name;
+    c->ns.name = (const uint8_t *)c->ns_name;
+    c->ns.len = (uint32_t)strlen(c->ns_name);
+
+    rc = add_servers(c, opts->servers, err, errlen);
+    if (rc) {
+        gdrkv_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void gdrkv_client_close(gdrkv_client *c)
+{
+    if (!c)
+        return;
+    for (uint32_t i = 0; i < c->nservers; i++)
+        client_server_destroy(&c->servers[i]);
+    free(c->servers);
+    free(c->seeds);
+    client_regions_destroy(&c->regions);
+    client_copier_destroy(&c->copier);
+    /* After the servers: their connections' QPs go before the device. */
+    client_rdma_destroy(&c->rdma);
+    free(c);
+}
+
+/* With rdma possible, the range also becomes an MR. Under auto a failed
+ * registration only means those frames go over the socket; under rdma it
+ * is the caller's error. */
+int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
+{
+    int device;
+    uint64_t buffer_id;
+
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (len == 0 || ptr + len < ptr)
+        return GDRKV_E_INVALID;
+    int rc = gpu_probe_region(ptr, len, &device, &buffer_id);
+    if (rc >= 0)
+        rc = client_regions_add_dev(&c->regions, ptr, len, device, buffer_id);
+    if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
+        return rc;
+    int rrc = client_rdma_register(&c->rdma, ptr, len, device);
+    if (rrc && c->opts.transport == GDRKV_TRANSPORT_RDMA) {
+        client_regions_remove(&c->regions, ptr);
+        return rrc;
+    }
+    return 0;
+}
+
+int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    int rc = client_regions_remove(&c->regions, ptr);
+    if (rc == 0)
+        client_rdma_unregister(&c->rdma, ptr);
+    return rc;
+}
+
+/* ------------------------------------------------------------ batches */
+
+int gdrkv_batch_put(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
+                    const uint64_t *seg_ptrs, const uint64_t *seg_lens,
+                    const uint32_t *seg_counts, int64_t *results)
+{
+    return gdrkv_batch_put_stream(c, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts,
+                                  results, 0);
+}
+
+int gdrkv_batch_get(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
+                    const uint64_t *seg_ptrs, const uint64_t *seg_lens,
+                    const uint32_t *seg_counts, int64_t *results)
+{
+    return gdrkv_batch_get_stream(c, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts,
+                                  results, 0);
+}
+
+static int data_call(gdrkv_client *c, uint8_t op, uint32_t n, const char *keys,
+                     const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                     const uint64_t *seg_lens, const uint32_t *seg_counts, int64_t *results,
+                     uint64_t stream)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
+                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
+                            .stream = stream};
+    return client_keyed_call(c, op, &k);
+}
+
+int gdrkv_batch_put_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream)
+{
+    return data_call(c, GK_OP_PUT, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts, results,
+                     stream);
+}
+
+int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream)
+{
+    return data_call(c, GK_OP_GET, n, keys, key_lens, seg_ptrs, seg_lens, seg_counts, results,
+                     stream);
+}
+
+int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
+                       int64_t *results)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .results = results};
+    return client_keyed_call(c, GK_OP_EXISTS, &k);
+}
+
+int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
+                       int64_t *results)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .results = results};
+    return client_keyed_call(c, GK_OP_DELETE, &k);
+}
+
+/* ------------------------------------------------------------ every server */
+
+/* Runs op on every server; returns the first failure, else the sum of the
+ * servers' results. */
+static int64_t on_every_server(gdrkv_client *c, uint8_t op)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    int64_t *results = calloc(c->nservers, sizeof *results);
+    if (!results)
+        return GDRKV_E_INTERNAL;
+    int64_t total = client_server_call(c, op, 0, c->nservers, results, NULL, 0);
+    for (uint32_t i = 0; i < c->nservers && total >= 0; i++)
+        total = results[i] < 0 ? results[i] : total + results[i];
+    free(results);
+    return total;
+}
+
+int64_t gdrkv_clear(gdrkv_client *c)
+{
+    return on_every_server(c, GK_OP_CLEAR);
+}
+
+int gdrkv_ping(gdrkv_client *c)
+{
+    return (int)on_every_server(c, GK_OP_PING);
+}
+
+uint32_t gdrkv_client_nservers(gdrkv_client *c)
+{
+    return c ? c->nservers : 0;
+}
+
+int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (i >= c->nservers || !buf || !len)
+        return GDRKV_E_INVALID;
+    snprintf(buf, len, "%s", c->servers[i].name);
+    return 0;
+}
+
+int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (i >= c->nservers || !buf || !len)
+        return GDRKV_E_INVALID;
+    int64_t result;
+    buf[0] = '\0';
+    int rc = client_server_call(c, GK_OP_STATS, i, 1, &result, buf, len);
+    return rc ? rc : (int)result;
+}
+
+/* ------------------------------------------------------------ counters */
+
+
+int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
+{
+    const struct client_counters *k;
+    struct gk_text t;
+    char name[64];
+    uint32_t down = 0;
+
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (!buf)
+        return GDRKV_E_INVALID;
+    k = &c->counters;
+    gk_text_init(&t, buf, len);
+    for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
+        if (gk_op_is_transport(op))
+            continue;   /* frames of the transport, never calls of their own */
+        snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
+        gk_text_u64(&t, name, gk_counter_get(&k->calls[op]));
+        if (client_op_has_keys(op)) {
+            snprintf(name, sizeof name, "keys_%s", gk_op_name(op));
+            gk_text_u64(&t, name, gk_counter_get(&k->keys[op]));
+        }
+    }
+    gk_text_u64(&t, "bytes_sent", gk_counter_get(&k->bytes_sent));
+    gk_text_u64(&t, "bytes_received", gk_counter_get(&k->bytes_received));
+    gk_text_u64(&t, "errors_timeout", gk_counter_get(&k->errors_timeout));
+    gk_text_u64(&t, "errors_unavailable", gk_counter_get(&k->errors_unavailable));
+    gk_text_u64(&t, "errors_protocol", gk_counter_get(&k->errors_protocol));
+    gk_text_u64(&t, "connects", gk_counter_get(&k->connects));
+    gk_text_u64(&t, "connect_failures", gk_counter_get(&k->connect_failures));
+    gk_text_u64(&t, "shortcircuit_keys", gk_counter_get(&k->shortcircuit_keys));
+    gk_text_u64(&t, "shm_connects", gk_counter_get(&k->shm_connects));
+    gk_text_u64(&t, "shm_bytes_copied", gk_counter_get(&k->shm_bytes_copied));
+    gk_text_u64(&t, "shm_leases_expired", gk_counter_get(&k->shm_leases_expired));
+    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma.state, __ATOMIC_RELAXED) == 1);
+    gk_text_u64(&t, "rdma_read_frames", gk_counter_get(&c->rdma.reads));
+    gk_text_u64(&t, "rdma_write_frames", gk_counter_get(&c->rdma.writes));
+    gk_text_u64(&t, "rdma_work_requests", gk_counter_get(&c->rdma.wrs));
+    gk_text_u64(&t, "rdma_doorbells", gk_counter_get(&c->rdma.posts));
+    gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma.completions));
+    gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
+    gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
+    gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma.flushes));
+    gk_text_u64(&t, "rdma_gpu_mrs", gk_counter_get(&c->rdma.gpu_mrs));
+    gk_text_u64(&t, "rdma_gpu_mrs_dmabuf", gk_counter_get(&c->rdma.gpu_mrs_dmabuf));
+    gk_text_u64(&t, "gpu_bytes", gk_counter_get(&k->gpu_bytes));
+    gk_text_u64(&t, "gpu_kernel_launches", gk_counter_get(&k->gpu_kernel_launches));
+    gk_text_u64(&t, "gpu_copy_engine_calls", gk_counter_get(&k->gpu_copy_engine_calls));
+    for (uint32_t i = 0; i < c->nservers; i++)
+        down += (uint32_t)client_server_is_down(&c->servers[i]);
+    gk_text_u64(&t, "servers", c->nservers);
+    gk_text_u64(&t, "servers_down", down);
+    for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
+        if (gk_op_is_transport(op))
+            continue;
+        struct gk_latency lat = {0};
+        gk_latency_merge(&lat, &k->latency[op]);
+        snprintf(name, sizeof name, "latency_%s", gk_op_name(op));
+        gk_text_latency(&t, name, &lat);
+    }
+    return gk_text_finish(&t);
+}

@@ -1,0 +1,449 @@
+/*
+ * client_batch.c - turns a call into jobs. A keyed batch: each key is
+ * checked, routed, failed at once if its server is in backoff, else
+ * gathered with the other keys of its server; each server's share is
+ * striped over connections and cut into frames within the protocol's
+ * limits. A keyless call (PING, STATS, CLEAR) is one frame per server.
+ * Then client_run.c drives the jobs.
+ *
+ * Memory: two allocations per call whatever its size, one for the per-key
+ * tables and one for the jobs, frames and frame buffers. Each is laid out
+ * by running the same function twice, first only to measure.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "client_batch.h"
+#include "client_server.h"
+#include "common/common.h"
+#include "client_gpu.h"
+#include "route.h"
+
+/* Value bytes a stripe must carry to be worth a connection of its own:
+ * below it another connection costs more in syscalls and wakeups than
+ * the parallelism gains. */
+#define CLIENT_STRIPE_MIN_BYTES (256u << 10)
+
+#define NO_SERVER UINT32_MAX
+
+/* One server's part in a call. */
+struct server_share {
+    int admitted;
+    uint32_t count;         /* keys it gets */
+    uint64_t key_bytes;
+    uint32_t fill_pos;      /* where its next key is gathered */
+    uint64_t fill_key_off;
+};
+
+/* Per-key tables of a keyed call, indexed like the caller's keys. */
+struct key_tables {
+    struct server_share *shares;
+    const struct gpu_call *gpu;     /* bad[i]: key i was refused for its GPU segments */
+    uint32_t *server;       /* route, or NO_SERVER for a rejected key */
+    uint64_t *size;         /* value bytes (PUT) or capacity (GET) */
+};
+
+/* ------------------------------------------------------------ memory */
+
+struct arena {
+    uint8_t *base;          /* NULL while measuring */
+    size_t used;
+};
+
+static void *arena_take(struct arena *a, size_t bytes)
+{
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += (bytes + 7) & ~(size_t)7;
+    return p;
+}
+
+static void lay_out_keys(struct arena *a, struct key_tables *t, struct client_batch *b,
+                         uint32_t n, uint32_t nservers, uint64_t key_bytes)
+{
+    t->shares = arena_take(a, nservers * sizeof *t->shares);
+    t->size = arena_take(a, n * sizeof *t->size);
+    b->sizes = arena_take(a, n * sizeof *b->sizes);
+    b->first_seg = arena_take(a, n * sizeof *b->first_seg);
+    b->got = arena_take(a, n * sizeof *b->got);
+    t->server = arena_take(a, n * sizeof *t->server);
+    b->index = arena_take(a, n * sizeof *b->index);
+    b->key_lens = arena_take(a, n * sizeof *b->key_lens);
+    b->keys = arena_take(a, key_bytes);
+}
+
+/* ------------------------------------------------------------ planning */
+
+struct planner {
+    const struct client_batch *b;
+    uint32_t conns;
+    struct client_job *jobs;        /* NULL while measuring */
+    struct client_frame *frames;
+    uint8_t *bufs;
+    uint32_t njobs, nframes;
+    size_t buf_bytes;
+    uint64_t key_off;
+};
+
+static void add_job(struct planner *pl, uint32_t server)
+{
+    if (pl->jobs)
+        pl->jobs[pl->njobs] = (struct client_job){.server = server,
+                                                  .frames = pl->frames + pl->nframes};
+    pl->njobs++;
+}
+
+static void add_frame(struct planner *pl, uint32_t first, uint32_t count, uint64_t body_len,
+                      uint64_t payload_len, uint64_t key_bytes)
+{
+    uint64_t response = (uint64_t)client_response_count(pl->b->opcode, count) * GK_RESULT_SIZE;
+    size_t cap = GK_HDR_SIZE + (size_t)GK_MAX(body_len, response);
+
+    if (pl->frames) {
+        pl->frames[pl->nframes] = (struct client_frame){
+            .first = first,
+            .count = count,
+            .key_off = pl->key_off,
+            .body_len = (uint32_t)body_len,
+            .payload_len = payload_len,
+            .buf = pl->bufs + pl->buf_bytes,
+            .buf_cap = cap,
+        };
+        pl->jobs[pl->njobs - 1].nframes++;
+    }
+    pl->nframes++;
+    pl->buf_bytes += cap;
+    pl->key_off += key_bytes;
+}
+
+/* Cuts positions [first, end) into frames, each as large as the limits on
+ * keys, body and payload per frame allow. */
+static void cut_frames(struct planner *pl, uint32_t first, uint32_t end)
+{
+    const struct client_batch *b = pl->b;
+    uint32_t p = first;
+    /* GPU values pass through per-connection staging of this size. */
+    uint64_t max_payload = b->gpu ? GPU_FRAME_BYTES : GK_MAX_PAYLOAD;
+
+    while (p < end) {
+        uint32_t start = p;
+        uint64_t body = 1 + (uint64_t)b->ns->len, values = 0, key_bytes = 0;
+        do {
+            body += GK_ENTRY_HDR_SIZE + b->key_lens[p];
+            key_bytes += b->key_lens[p];
+            values += b->sizes[p];
+            p++;
+        } while (p < end && p - start < GK_MAX_KEYS &&
+                 body + GK_ENTRY_HDR_SIZE + b->key_lens[p] <= GK_MAX_BODY &&
+                 values + b->sizes[p] <= max_payload);
+        add_frame(pl, start, p - start, body, b->opcode == GK_OP_PUT ? values : 0, key_bytes);
+    }
+}
+
+/* Plans one server's jobs. Its keys [first, end) are split into up to
+ * `conns` stripes of about equal value bytes, each a job of its own, when
+ * there are enough bytes to gain from parallel connections. */
+static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uint32_t end)
+{
+    const struct client_batch *b = pl->b;
+
+    if (!client_op_has_keys(b->opcode)) {
+        add_job(pl, server);
+        add_frame(pl, 0, 0, b->opcode == GK_OP_CLEAR ? 1 + (uint64_t)b->ns->len : 0, 0, 0);
+        return;
+    }
+    uint64_t bytes = 0;
+    for (uint32_t p = first; p < end; p++)
+        bytes += b->sizes[p];
+    uint64_t stripes = bytes / CLIENT_STRIPE_MIN_BYTES;
+    stripes = GK_MAX(1, GK_MIN(stripes, GK_MIN(pl->conns, end - first)));
+
+    uint32_t p = first;
+    uint64_t done = 0;
+    for (uint64_t s = 1; s <= stripes; s++) {
+        uint32_t start = p;
+        uint64_t goal = s == stripes ? UINT64_MAX : bytes / stripes * s;
+        uint32_t last = end - (uint32_t)(stripes - s);  /* a key left for each later stripe */
+        do
+            done += b->sizes[p++];
+        while (p < last && done < goal);
+        add_job(pl, server);
+        cut_frames(pl, start, p);
+    }
+}
+
+static void plan_all(struct planner *pl, const struct server_share *shares, uint32_t nservers)
+{
+    uint32_t first = 0;
+    for (uint32_t s = 0; s < nservers; s++) {
+        if (shares[s].admitted)
+            plan_server(pl, s, first, first + shares[s].count);
+        first += shares[s].count;
+    }
+}
+
+static void lay_out_jobs(struct arena *a, struct client_call *call, struct planner *pl)
+{
+    call->jobs = arena_take(a, pl->njobs * sizeof *call->jobs);
+    call->pollfds = arena_take(a, pl->njobs * sizeof *call->pollfds);
+    pl->frames = arena_take(a, pl->nframes * sizeof *pl->frames);
+    pl->bufs = arena_take(a, pl->buf_bytes);
+}
+
+/* Fills call->jobs for the admitted servers. The jobs head the allocation
+ * that also holds the frames and their buffers: free(call->jobs) releases
+ * it all. */
+static int plan(struct gdrkv_client *c, struct client_call *call,
+                const struct server_share *shares)
+{
+    struct planner pl = {.b = &call->batch, .conns = c->opts.conns};
+    struct arena a = {0};
+
+    plan_all(&pl, shares, c->nservers);
+    if (!pl.njobs)
+        return 0;
+    lay_out_jobs(&a, call, &pl);
+    if (!(a.base = malloc(a.used)))
+        return GDRKV_E_INTERNAL;
+    a.used = 0;
+    lay_out_jobs(&a, call, &pl);
+    pl.jobs = call->jobs;
+    pl.njobs = pl.nframes = 0;
+    pl.buf_bytes = 0;
+    pl.key_off = 0;
+    plan_all(&pl, shares, c->nservers);
+    call->njobs = pl.njobs;
+    return 0;
+}
+
+void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
+{
+    if (!client_op_has_keys(b->opcode)) {
+        f->result = err;
+        return;
+    }
+    for (uint32_t p = f->first; p < f->first + f->count; p++)
+        b->results[b->index[p]] = err;
+}
+
+/* ------------------------------------------------------------ keyed calls */
+
+static int key_len_ok(uint32_t len)
+{
+    return len >= 1 && len <= GK_MAX_KEY_LEN;
+}
+
+/* Checks key i before anything is sent; a bad key fails alone.
+ * first_seg is the index of its first segment. */
+static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg,
+                     uint64_t *size)
+{
+    uint32_t len = k->key_lens[i];
+
+    *size = 0;
+    /* Key length and segment count are the caller's arguments (INVALID);
+     * TOO_LARGE is kept for the object's size. */
+    if (!key_len_ok(len))
+        return GDRKV_E_INVALID;
+    if (!k->seg_counts)
+        return 0;
+    if (k->seg_counts[i] > GK_MAX_SEGMENTS)
+        return GDRKV_E_INVALID;
+    for (uint64_t s = first_seg; s < first_seg + k->seg_counts[i]; s++) {
+        if (k->seg_lens[s] && !k->seg_ptrs[s])
+            return GDRKV_E_INVALID;
+        if (k->seg_lens[s] > GK_MAX_OBJECT - *size)
+            return GDRKV_E_TOO_LARGE;
+        *size += k->seg_lens[s];
+    }
+    return 0;
+}
+
+/* Checks and routes every key, counting what each server gets. */
+static void route_keys(struct gdrkv_client *c, const struct client_keys *k, struct key_tables *t)
+{
+    uint64_t seg = 0, key_off = 0;
+
+    for (uint32_t i = 0; i < k->n; i++) {
+        int rc = check_key(k, i, seg, &t->size[i]);
+        if (!rc && t->gpu && t->gpu->bad[i])
+            rc = GDRKV_E_INVALID;
+        if (rc) {
+            k->results[i] = rc;
+            t->server[i] = NO_SERVER;
+        } else {
+            uint64_t hash = route_key_hash(k->keys + key_off, k->key_lens[i]);
+            uint32_t s = route_pick(hash, c->seeds, c->nservers);
+            t->server[i] = s;
+            t->shares[s].count++;
+            t->shares[s].key_bytes += k->key_lens[i];
+        }
+        seg += k->seg_counts ? k->seg_counts[i] : 0;
+        key_off += k->key_lens[i];
+    }
+}
+
+/* The health short-circuit: a server in backoff gets nothing sent. Then
+ * each admitted server's group gets its place in the gathered arrays.
+ * Returns how many keys will be sent. */
+static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *shares, uint64_t now)
+{
+    uint32_t pos = 0;
+    uint64_t key_off = 0, refused = 0;
+
+    for (uint32_t s = 0; s < c->nservers; s++) {
+        struct server_share *sh = &shares[s];
+        if (sh->count && !client_server_admit(&c->servers[s], now)) {
+            refused += sh->count;
+            sh->count = 0;
+            sh->key_bytes = 0;
+        } else {
+            sh->admitted = sh->count > 0;
+        }
+        sh->fill_pos = pos;
+        sh->fill_key_off = key_off;
+        pos += sh->count;
+        key_off += sh->key_bytes;
+    }
+    gk_counter_add(&c->counters.shortcircuit_keys, refused);
+    return pos;
+}
+
+/* Copies the keys of admitted servers into their groups; the keys of
+ * refused servers fail here. */
+static void gather_keys(const struct client_keys *k, const struct key_tables *t,
+                        struct client_batch *b)
+{
+    uint64_t seg = 0, key_off = 0;
+
+    for (uint32_t i = 0; i < k->n; i++) {
+        uint32_t s = t->server[i];
+        if (s != NO_SERVER && !t->shares[s].admitted) {
+            k->results[i] = GDRKV_E_UNAVAILABLE;
+        } else if (s != NO_SERVER) {
+            struct server_share *sh = &t->shares[s];
+            uint32_t p = sh->fill_pos++;
+            b->index[p] = i;
+            b->key_lens[p] = k->key_lens[i];
+            b->sizes[p] = t->size[i];
+            b->first_seg[p] = seg;
+            memcpy(b->keys + sh->fill_key_off, k->keys + key_off, k->key_lens[i]);
+            sh->fill_key_off += k->key_lens[i];
+        }
+        seg += k->seg_counts ? k->seg_counts[i] : 0;
+        key_off += k->key_lens[i];
+    }
+}
+
+static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_keys *k,
+                     uint64_t start)
+{
+    struct client_call call = {
+        .batch = {
+            .opcode = op,
+            .ns = &c->ns,
+            .seg_ptrs = k->seg_ptrs,
+            .seg_lens = k->seg_lens,
+            .seg_counts = k->seg_counts,
+            .results = k->results,
+            .copier = &c->copier,
+            .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
+        },
+        .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
+    };
+    struct client_batch *b = &call.batch;
+    struct key_tables t;
+    struct arena a = {0};
+    uint64_t key_bytes = 0;
+
+    for (uint32_t i = 0; i < k->n; i++)
+        if (key_len_ok(k->key_lens[i]))
+            key_bytes += k->key_lens[i];
+    lay_out_keys(&a, &t, b, k->n, c->nservers, key_bytes);
+    if (!(a.base = malloc(a.used))) {
+        for (uint32_t i = 0; i < k->n; i++)
+            k->results[i] = GDRKV_E_INTERNAL;
+        return GDRKV_E_INTERNAL;
+    }
+    a.used = 0;
+    lay_out_keys(&a, &t, b, k->n, c->nservers, key_bytes);
+    memset(t.shares, 0, c->nservers * sizeof *t.shares);
+
+    int rc = 0;
+    t.gpu = b->gpu = gpu_call_prepare(c, op, k, &rc);
+    if (rc) {
+        for (uint32_t i = 0; i < k->n; i++)
+            k->results[i] = rc;
+        free(a.base);
+        return rc;
+    }
+    if (b->gpu)
+        b->seg_ptrs = b->gpu->ptrs;
+    route_keys(c, k, &t);
+    uint32_t nsend = admit_servers(c, t.shares, start);
+    gather_keys(k, &t, b);
+    rc = plan(c, &call, t.shares);
+    if (rc == 0)
+        client_run(c, &call);
+    else
+        for (uint32_t p = 0; p < nsend; p++)
+            k->results[b->index[p]] = rc;
+    free(call.jobs);
+    free(a.base);
+    gpu_call_free(b->gpu);
+    return rc;
+}
+
+static void record_call(struct gdrkv_client *c, uint8_t op, uint32_t keys, uint64_t start)
+{
+    gk_counter_add(&c->counters.calls[op], 1);
+    gk_counter_add(&c->counters.keys[op], keys);
+    gk_latency_record(&c->counters.latency[op], (gk_now_ns() - start) / 1000);
+}
+
+int client_keyed_call(struct gdrkv_client *c, uint8_t op, const struct client_keys *k)
+{
+    int has_values = op == GK_OP_GET || op == GK_OP_PUT;
+
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (k->n && (!k->keys || !k->key_lens || !k->results ||
+                 (has_values && (!k->seg_ptrs || !k->seg_lens || !k->seg_counts))))
+        return GDRKV_E_INVALID;
+    uint64_t start = gk_now_ns();
+    int rc = k->n ? run_keyed(c, op, k, start) : 0;
+    record_call(c, op, k->n, start);
+    return rc;
+}
+
+/* ------------------------------------------------------------ keyless calls */
+
+int client_server_call(struct gdrkv_client *c, uint8_t op, uint32_t first, uint32_t count,
+                       int64_t *results, char *text, size_t text_cap)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    uint64_t start = gk_now_ns();
+    struct client_call call = {
+        .batch = {.opcode = op, .ns = &c->ns, .text = text, .text_cap = text_cap},
+        .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
+    };
+    struct server_share *shares = calloc(c->nservers, sizeof *shares);
+    if (!shares)
+        return GDRKV_E_INTERNAL;
+    for (uint32_t s = first; s < first + count; s++) {
+        shares[s].admitted = client_server_admit(&c->servers[s], start);
+        /* An admitted server's frame overwrites this, unless planning fails. */
+        results[s - first] = shares[s].admitted ? GDRKV_E_INTERNAL : GDRKV_E_UNAVAILABLE;
+    }
+    int rc = plan(c, &call, shares);
+    if (rc == 0) {
+        client_run(c, &call);
+        for (uint32_t j = 0; j < call.njobs; j++)
+            results[call.jobs[j].server - first] = call.jobs[j].frames[0].result;
+    }
+    free(call.jobs);
+    free(shares);
+    record_call(c, op, 0, start);
+    return rc;
+}

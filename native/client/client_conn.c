@@ -1,0 +1,736 @@
+/*
+ * client_conn.c - see client_conn.h.
+ *
+ * The response header and the body we expect are asked for in one recv,
+ * never more, so the GET values that follow are left in the socket for
+ * readv to put straight into the caller's segments. Every length and count
+ * in a response is checked against the request before a value byte is
+ * read; any mismatch fails the connection, which is then closed, so nothing
+ * late can ever land in a buffer the caller got back.
+ */
+#include "client_conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "client_rdma.h"
+#include "client_server.h"
+#include "client_shm.h"
+#include "common/common.h"
+#include "gdrkv.h"
+#include "client_gpu.h"
+#include "common/log.h"
+
+/* Of an error response's message, what the debug log shows. */
+#define CLIENT_CONN_LOG_MESSAGE 200
+
+struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err)
+{
+    struct client_pool *pool = NULL;
+    int fd = GDRKV_E_UNAVAILABLE;
+
+    if (s->unix_path[0]) {
+        fd = client_shm_connect(s, deadline_ns, &pool);
+        if (fd < 0 && !s->shm_only)
+            GK_DEBUG("%s: no shm on %s (%s), using tcp", s->name, s->unix_path,
+                     gdrkv_strerror(fd));
+    }
+    if (fd < 0 && !s->shm_only)
+        fd = gk_connect_tcp(&s->addr, deadline_ns);
+    /* rdma: the RDMA_HELLO goes out now and its answer is read by the
+     * call's poll loop (CLIENT_CONN_HELLO), so a server that never answers
+     * holds up only its own keys. A fresh socket takes its ~200 bytes. */
+    struct client_rdma_conn *rdma = NULL;
+    if (fd >= 0 && !pool && s->rdma) {
+        uint8_t req[RDMA_HELLO_REQUEST_MAX];
+        size_t len = 0;
+        int rc = client_rdma_conn_new(s->rdma, &rdma, req, sizeof req, &len);
+        if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
+            client_rdma_conn_close(rdma);
+            rdma = NULL;
+            rc = GDRKV_E_UNAVAILABLE;
+            close(fd);
+            fd = rc;
+        } else if (rc && s->rdma_only) {
+            GK_DEBUG("%s: no rdma here (%s)", s->name, gdrkv_strerror(rc));
+            close(fd);
+            fd = GDRKV_E_UNAVAILABLE;
+        }
+    }
+    if (fd < 0) {
+        *err = fd;
+        return NULL;
+    }
+    struct client_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        client_pool_put(pool);
+        client_rdma_conn_close(rdma);
+        *err = GDRKV_E_INTERNAL;
+        return NULL;
+    }
+    c->fd = fd;
+    c->pool = pool;
+    c->rdma = rdma;
+    c->hello_pending = rdma != NULL;
+    c->rdma_only = s->rdma_only;
+    /* Request 1 may have been HELLO or RDMA_HELLO. */
+    c->next_req_id = 2;
+    return c;
+}
+
+void client_conn_close(struct client_conn *c)
+{
+    /* The QPs and the GPU copies first: no DMA may outlive the connection,
+     * and a kernel still reading the pool must finish before the lease ends
+     * (close) or the mapping goes (pool_put). */
+    client_rdma_conn_close(c->rdma);
+    gpu_conn_free(c->gpu);
+    free(c->commit);
+    close(c->fd);
+    client_pool_put(c->pool);
+    client_copy_free(&c->copies);
+    free(c->body_heap);
+    free(c);
+}
+
+int client_conn_is_shm(const struct client_conn *c)
+{
+    return c->pool != NULL;
+}
+
+int client_conn_reusable(const struct client_conn *c)
+{
+    return !c->rdma_broken;
+}
+
+int client_conn_usable(const struct client_conn *c)
+{
+    uint8_t byte;
+    if (c->rdma_broken)
+        return 0;
+    ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+static void encode_request(const struct client_batch *b, const struct client_frame *f,
+                           uint8_t opcode, uint64_t req_id)
+{
+    struct gk_hdr h = {
+        .magic = GK_MAGIC,
+        .version = GK_VERSION,
+        .opcode = opcode,
+        .count = f->count,
+        .body_len = f->body_len,
+        .payload_len = opcode == GK_OP_PUT ? f->payload_len : 0,
+        .req_id = req_id,
+    };
+    uint8_t *body = f->buf + GK_HDR_SIZE;
+
+    gk_hdr_encode(&h, f->buf);
+    if (client_op_has_keys(b->opcode))
+        gk_encode_request_body(body, b->ns, f->count, b->keys + f->key_off,
+                               b->key_lens + f->first, b->sizes + f->first);
+    else if (b->opcode == GK_OP_CLEAR)
+        gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
+}
+
+/* An rdma LEASE or RESERVE: the NIC moves the bytes, GPU memory included,
+ * so nothing is staged. */
+static int in_place_rdma(const struct client_conn *c)
+{
+    return c->rdma && (c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE);
+}
+
+/* Encodes the frame and starts sending it. */
+static void begin_frame(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+
+    c->req_id = c->next_req_id++;
+    c->wire_op = b->opcode;
+    if (c->pool && b->opcode == GK_OP_GET)
+        c->wire_op = GK_OP_LEASE;
+    else if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
+             client_rdma_frame_ok(c->rdma, b, f))
+        c->wire_op = b->opcode == GK_OP_GET ? GK_OP_LEASE : GK_OP_RESERVE;
+    encode_request(b, f, c->wire_op, c->req_id);
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = f->buf + GK_HDR_SIZE;
+    c->why = NULL;
+    /* GPU segments: PUT values gathered into staging, tcp GET values
+     * received into it (the iov below reads b->seg_ptrs, now redirected). */
+    c->gpu_err = b->gpu && !in_place_rdma(c) ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
+    client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
+                    c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
+}
+
+/* Whether the frame goes by RDMA is only known once RDMA_HELLO is
+ * answered: until then the frame waits. */
+void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
+{
+    c->batch = b;
+    c->frame = f;
+    if (!c->hello_pending) {
+        begin_frame(c);
+        return;
+    }
+    c->phase = CLIENT_CONN_HELLO;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->why = NULL;
+}
+
+short client_conn_events(const struct client_conn *c)
+{
+    return c->phase == CLIENT_CONN_SEND ? POLLOUT : c->phase == CLIENT_CONN_GPU_WAIT ? 0 : POLLIN;
+}
+
+int client_conn_busy(const struct client_conn *c)
+{
+    return c->phase == CLIENT_CONN_GPU_WAIT;
+}
+
+/* ------------------------------------------------------------ failures */
+
+/* A send or receive that moved nothing: 0 when the socket merely has to
+ * wait, else the connection is gone. */
+static int stalled_or_lost(struct client_conn *c, ssize_t n)
+{
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    /* The caller's segment is not mapped: the frame is lost half-sent or
+     * half-read, but the server did nothing wrong (client_run.c). */
+    if (n < 0 && errno == EFAULT) {
+        c->why = "a segment points at memory this process cannot access";
+        return GDRKV_E_INVALID;
+    }
+    if (n == 0) {
+        c->why = "connection closed by the server";
+    } else {
+        c->why = "connection reset";
+        GK_DEBUG("fd %d: %s", c->fd, strerror(errno));
+    }
+    return GDRKV_E_UNAVAILABLE;
+}
+
+static int broken(struct client_conn *c, const char *why)
+{
+    c->why = why;
+    GK_DEBUG("fd %d: bad %s response: %s", c->fd, gk_op_name(c->batch->opcode), why);
+    return GDRKV_E_PROTOCOL;
+}
+
+/* ------------------------------------------------------------ sending */
+
+static int send_request(struct client_conn *c)
+{
+    while (client_iov_left(&c->io)) {
+        int count;
+        size_t want;
+        struct msghdr msg = {0};
+        msg.msg_iov = (struct iovec *)client_iov_window(&c->io, &count, &want);
+        msg.msg_iovlen = (size_t)count;
+        /* MSG_NOSIGNAL: a server gone mid-frame is an error code, never SIGPIPE. */
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_sent += (uint64_t)n;
+        client_iov_advance(&c->io, (size_t)n);
+        if ((size_t)n < want)
+            return 0;   /* socket buffer full: wait for POLLOUT */
+    }
+    c->phase = CLIENT_CONN_RECV_HEAD;
+    return 0;
+}
+
+/* ------------------------------------------------------------ receiving */
+
+static uint32_t expected_count(const struct client_conn *c)
+{
+    return c->wire_op == GK_OP_RELEASE ? 0 : client_response_count(c->batch->opcode,
+                                                                    c->frame->count);
+}
+
+/* Checks the response header against the request, before the body is
+ * trusted or any byte reaches the caller. */
+static int take_header(struct client_conn *c)
+{
+    struct gk_hdr *h = &c->resp;
+    uint8_t op = c->batch->opcode;
+
+    gk_hdr_decode(c->frame->buf, h);
+    c->resp_decoded = 1;
+    if (h->magic != GK_MAGIC || h->version != GK_VERSION)
+        return broken(c, "not a gdrkv response");
+    if (h->opcode != (c->wire_op | GK_OP_RESPONSE) || h->req_id != c->req_id)
+        return broken(c, "answer to another request");
+    if (h->body_len > GK_MAX_BODY || c->got > GK_HDR_SIZE + (size_t)h->body_len)
+        return broken(c, "body length out of bounds");
+    if (h->status > 0)
+        return broken(c, "positive frame status");
+    if (h->status < 0 && (h->count != 0 || h->payload_len != 0))
+        return broken(c, "error response with results");
+    if (h->status == 0) {
+        uint32_t count = expected_count(c);
+        if (h->count != count)
+            return broken(c, "result count differs from the key count");
+        /* A LEASE's or RESERVE's chunk lists follow its results. */
+        int lists = c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE;
+        if (lists ? h->body_len < count * GK_RESULT_SIZE
+            : op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
+            return broken(c, "body length differs from the result count");
+        if (c->wire_op != GK_OP_GET && h->payload_len != 0)
+            return broken(c, "payload on an op that has none");
+    }
+    /* STATS text and error messages may outgrow the frame buffer; the
+     * GK_MAX_BODY check above bounds this allocation. */
+    if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
+        c->body_heap = malloc(h->body_len);
+        if (!c->body_heap) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        memcpy(c->body_heap, c->body, c->got - GK_HDR_SIZE);
+        c->body = c->body_heap;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ shm */
+
+/* Queues the RELEASE that ends the lease; its answer ends the frame. */
+static void start_release(struct client_conn *c)
+{
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RELEASE};
+
+    c->req_id = h.req_id = c->next_req_id++;
+    c->wire_op = GK_OP_RELEASE;
+    gk_hdr_encode(&h, c->release);
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
+    client_iov_init(&c->io, c->release, GK_HDR_SIZE, c->batch, 0, 0, NULL);
+}
+
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered: copies (shm) or READs (rdma) the objects out of the
+ * pool, then releases. A lease with nothing to copy needs no confirmation;
+ * the server drops it when the next frame comes. */
+static int copy_leased(struct client_conn *c, uint64_t bytes)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+
+    if (c->rdma) {
+        int rc = bytes ? rdma_outcome(c, client_rdma_read(c->rdma, c->body + results_len,
+                                                          c->resp.body_len - results_len, b, f))
+                       : 0;
+        if (rc == 0 && bytes > 0)
+            start_release(c);
+        return rc;
+    }
+    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    int rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
+             : client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len,
+                               b, f->first, f->count, &c->copies, gpu);
+    if (rc == 0 && bytes > 0 && gpu && gpu->count) {
+        /* One launch for the frame's GPU pieces, the CPU copying the host
+         * ones meanwhile; the RELEASE goes once the kernel is done too
+         * (GPU_WAIT), and the call's other connections go on meanwhile. */
+        rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
+        client_copy_reset(&c->copies);
+        if (rc) {
+            c->why = "GPU copy failed";
+            return rc;
+        }
+        c->leased_bytes = bytes;
+        c->phase = CLIENT_CONN_GPU_WAIT;
+        return 0;
+    } else if (rc == 0 && bytes > 0) {
+        client_copy_run(b->copier, &c->copies);
+    }
+    client_copy_reset(&c->copies);
+    if (gpu)
+        gpu_list_reset(gpu);
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc) {
+        c->why = "out of memory";
+        return rc;
+    }
+    if (bytes > 0) {
+        b->shm_bytes_copied += bytes;
+        start_release(c);
+    }
+    return 0;
+}
+
+/* The RESERVE answered: WRITEs the values of the reserved keys, then
+ * COMMITs those whose bytes all arrived (flags, one per key of the frame). */
+static int write_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+    size_t need = GK_HDR_SIZE + (size_t)f->count;
+
+    if (need > c->commit_cap) {
+        uint8_t *p = realloc(c->commit, need);
+        if (!p) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        c->commit = p;
+        c->commit_cap = need;
+    }
+    uint8_t *flags = c->commit + GK_HDR_SIZE;
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > GK_RESERVE_PRESENT)
+            return broken(c, "positive key status");
+        if (r.status == 0 && r.size != b->sizes[p])
+            return broken(c, "reserved size differs from the value's");
+        flags[k] = r.status == 0;
+        b->results[b->index[p]] = r.status < 0 ? r.status : 0;
+    }
+    int rc = rdma_outcome(c, client_rdma_write(c->rdma, c->body + results_len,
+                                               c->resp.body_len - results_len, b, f, flags));
+    if (rc)
+        return rc;
+    /* Reserved keys COMMIT drops make the server stop this connection's
+     * QPs (it can't know no WRITE is still coming): don't reuse it. */
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status == 0 && !flags[k])
+            c->rdma_broken = 1;
+    }
+
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_COMMIT,
+                       .count = f->count, .body_len = f->count};
+    c->req_id = h.req_id = c->next_req_id++;
+    c->wire_op = GK_OP_COMMIT;
+    gk_hdr_encode(&h, c->commit);
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
+    client_iov_init(&c->io, c->commit, need, b, 0, 0, NULL);
+    return 0;
+}
+
+/* COMMIT answered: the server's word on the keys committed; the others
+ * keep what RESERVE or the WRITEs gave them. */
+static int take_commit(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *flags = c->commit + GK_HDR_SIZE;
+
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r;
+        if (!flags[k])
+            continue;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        b->results[b->index[f->first + k]] = r.status;
+    }
+    return 1;
+}
+
+/* RELEASE answered: status 0 vouches for the bytes copied under the lease;
+ * otherwise the lease was lost (the timeout dropped it) and the bytes may
+ * be another object's, so every key of the frame fails. */
+static int end_lease(struct client_conn *c)
+{
+    int32_t status = c->resp.status;
+    if (status) {
+        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
+                 c->frame->count);
+        client_frame_fail(c->batch, c->frame, status);
+        c->batch->shm_leases_expired++;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ results */
+
+/* Writes the keys' results. A GET's announced sizes are checked against
+ * the destinations and the payload length before the values are read. */
+static int take_results(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint8_t op = b->opcode;
+    uint64_t payload = 0;
+
+    if (c->wire_op == GK_OP_RESERVE)
+        return write_reserved(c);
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        int64_t result = r.status;
+        uint64_t carried = 0;
+        if (r.status == 0) {
+            if (r.size > GK_MAX_OBJECT)
+                return broken(c, "object size over the limit");
+            if (op == GK_OP_GET && r.size > b->sizes[p])
+                return broken(c, "object larger than its destination");
+            carried = op == GK_OP_GET ? r.size : 0;
+            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
+        }
+        if (op == GK_OP_GET) {
+            b->got[p] = carried;
+            payload += carried;
+        }
+        b->results[b->index[p]] = result;
+    }
+    if (c->wire_op == GK_OP_LEASE)
+        return copy_leased(c, payload);
+    if (payload != c->resp.payload_len)
+        return broken(c, "payload length differs from the object sizes");
+    if (payload)
+        client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+    return 0;
+}
+
+static int take_body(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+    const struct gk_hdr *h = &c->resp;
+    int rc = 0;
+
+    if (c->wire_op == GK_OP_RELEASE) {
+        rc = end_lease(c);
+    } else if (c->wire_op == GK_OP_COMMIT && h->status) {
+        /* The reservations expired (or the server lost them): what was to
+         * be committed is not stored, and the QPs are gone with them. */
+        const uint8_t *flags = c->commit + GK_HDR_SIZE;
+        for (uint32_t k = 0; k < f->count; k++)
+            if (flags[k])
+                b->results[b->index[f->first + k]] = h->status;
+        c->rdma_broken = 1;
+        rc = 1;
+    } else if (c->wire_op == GK_OP_COMMIT) {
+        rc = take_commit(c);
+    } else if (h->status) {
+        GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
+                 gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
+                 (const char *)c->body);
+        client_frame_fail(b, f, h->status);
+    } else if (client_op_has_keys(b->opcode)) {
+        rc = take_results(c);
+    } else if (b->opcode == GK_OP_CLEAR) {
+        struct gk_result r;
+        gk_result_decode(c->body, &r);
+        if (r.status > 0 || r.size > INT64_MAX)
+            rc = broken(c, "bad clear result");
+        f->result = r.status < 0 ? r.status : (int64_t)r.size;
+    } else if (b->opcode == GK_OP_STATS) {
+        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
+        memcpy(b->text, c->body, len);
+        b->text[len] = '\0';
+        f->result = (int64_t)len;
+    } else {
+        f->result = 0;
+    }
+    free(c->body_heap);
+    c->body_heap = NULL;
+    if (rc)
+        return rc;
+    if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
+        return 0;       /* a lease or a reservation: RELEASE or COMMIT goes next */
+    /* Only a GET has a payload, and take_results has set up its stream. */
+    if (h->status || h->payload_len == 0)
+        return 1;
+    c->phase = CLIENT_CONN_RECV_PAYLOAD;
+    return 0;
+}
+
+/* Header and body; the first recv asks for exactly the body a success
+ * would have, a longer one (STATS, error text) is read once known. */
+static int recv_head(struct client_conn *c)
+{
+    for (;;) {
+        size_t body_len = c->resp_decoded ? c->resp.body_len
+                                          : (size_t)expected_count(c) * GK_RESULT_SIZE;
+        size_t want = GK_HDR_SIZE + body_len - c->got;
+        uint8_t *dst = c->got < GK_HDR_SIZE ? c->frame->buf + c->got
+                                            : c->body + (c->got - GK_HDR_SIZE);
+        ssize_t n = recv(c->fd, dst, want, 0);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_received += (uint64_t)n;
+        c->got += (size_t)n;
+        if (!c->resp_decoded && c->got >= GK_HDR_SIZE) {
+            int rc = take_header(c);
+            if (rc)
+                return rc;
+        }
+        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
+            return take_body(c);
+        if ((size_t)n < want)
+            return 0;
+    }
+}
+
+static int recv_payload(struct client_conn *c)
+{
+    while (client_iov_left(&c->io)) {
+        int count;
+        size_t want;
+        const struct iovec *iov = client_iov_window(&c->io, &count, &want);
+        ssize_t n = readv(c->fd, iov, count);
+        if (n <= 0)
+            return stalled_or_lost(c, n);
+        c->batch->bytes_received += (uint64_t)n;
+        client_iov_advance(&c->io, (size_t)n);
+        if ((size_t)n < want)
+            return 0;
+    }
+    /* GPU-bound values are in staging: their copy starts now and runs
+     * while the next frame is received. */
+    if (c->batch->gpu) {
+        int rc = gpu_conn_received(c->gpu, c->batch, c->frame);
+        if (rc) {
+            c->why = "GPU copy failed";
+            return rc;
+        }
+    }
+    return 1;
+}
+
+/* The LEASE's kernel: when it is done the bytes are the caller's, and the
+ * lease can end. */
+static int wait_gpu(struct client_conn *c)
+{
+    int rc = gpu_conn_leased_done(c->gpu);
+    if (rc < 0) {
+        c->why = "GPU copy failed";
+        return rc;
+    }
+    if (rc == 1) {
+        c->batch->shm_bytes_copied += c->leased_bytes;
+        start_release(c);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ rdma set-up */
+
+/* The RDMA_HELLO answer: header, then its body into the heap. When the
+ * server has no rdma (or can't set it up) under transport auto, the
+ * connection goes on as a plain tcp one; under transport rdma it fails. */
+static int recv_hello(struct client_conn *c)
+{
+    for (;;) {
+        uint8_t *dst = c->got < GK_HDR_SIZE ? c->hello_hdr + c->got
+                                            : c->body_heap + (c->got - GK_HDR_SIZE);
+        size_t want = c->got < GK_HDR_SIZE ? GK_HDR_SIZE - c->got
+                                           : GK_HDR_SIZE + (size_t)c->resp.body_len - c->got;
+        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
+        if (want && n <= 0)
+            return stalled_or_lost(c, n);
+        c->got += (size_t)n;
+        if (!c->resp_decoded && c->got == GK_HDR_SIZE) {
+            struct gk_hdr *h = &c->resp;
+            gk_hdr_decode(c->hello_hdr, h);
+            if (h->magic != GK_MAGIC || h->version != GK_VERSION ||
+                h->opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) || h->req_id != 1 ||
+                h->count || h->payload_len || h->body_len > GK_MAX_BODY) {
+                c->why = "bad rdma hello answer";
+                return GDRKV_E_PROTOCOL;
+            }
+            c->body_heap = malloc(GK_MAX(h->body_len, 1u));
+            if (!c->body_heap) {
+                c->why = "out of memory";
+                return GDRKV_E_INTERNAL;
+            }
+            c->resp_decoded = 1;
+            continue;
+        }
+        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
+            break;
+        if ((size_t)n < want)
+            return 0;
+    }
+    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body_heap, c->resp.body_len);
+    free(c->body_heap);
+    c->body_heap = NULL;
+    c->hello_pending = 0;
+    if (rc && c->rdma_only) {
+        c->why = "the server has no rdma";
+        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
+    }
+    if (rc) {
+        /* The whole answer was read: the socket serves plain frames. */
+        client_rdma_conn_close(c->rdma);
+        c->rdma = NULL;
+    }
+    begin_frame(c);
+    return 0;
+}
+
+static int run_phase(struct client_conn *c)
+{
+    switch (c->phase) {
+    case CLIENT_CONN_HELLO: return recv_hello(c);
+    case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
+    case CLIENT_CONN_SEND: return send_request(c);
+    case CLIENT_CONN_RECV_HEAD: return recv_head(c);
+    case CLIENT_CONN_RECV_PAYLOAD: return recv_payload(c);
+    }
+    return GDRKV_E_INTERNAL;
+}
+
+int client_conn_progress(struct client_conn *c)
+{
+    /* A phase that finishes goes straight on to the next: GET values
+     * usually arrive with the header, and a lease's RELEASE can go out at
+     * once. A request just sent waits for poll: its answer can't be there. */
+    for (;;) {
+        /* Checked before every phase: a frame begun inside this loop (after
+         * RDMA_HELLO) must not send staging its GPU gather failed to fill. */
+        if (c->gpu_err) {
+            c->why = "GPU staging failed";
+            return c->gpu_err;
+        }
+        enum client_conn_phase before = c->phase;
+        int rc = run_phase(c);
+        if (rc != 0 || c->phase == before || c->phase == CLIENT_CONN_RECV_HEAD)
+            return rc;
+    }
+}

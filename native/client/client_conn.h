@@ -1,0 +1,106 @@
+/*
+ * client_conn.h - one client connection to a store server: a non-blocking
+ * state machine that sends a frame (header and body from the frame's
+ * buffer, PUT values from the caller's segments) and receives its response
+ * (header and body, then GET values straight into the caller's segments).
+ * The caller polls the fd for client_conn_events() and calls
+ * client_conn_progress() when it is ready; one frame is in flight at a time.
+ *
+ * A connection is owned by one thread at a time: the call that checked it
+ * out of its server's idle pool.
+ *
+ * Over shm (a unix socket, with the server's pool mapped) a GET goes out as
+ * a LEASE: the answer says where the objects are in the pool, the values
+ * are copied from there into the caller's segments, and a RELEASE confirms
+ * the objects stayed pinned throughout, or fails the frame's keys.
+ *
+ * Over rdma (a tcp control connection with QPs, client_rdma.h) a GET whose
+ * segments are all registered goes out as a LEASE too, its objects READ
+ * by the NIC; such a PUT goes out as RESERVE, its values WRITTEN into the
+ * reserved chunks, then COMMIT. Other frames travel on the socket.
+ */
+#ifndef GDRKV_CLIENT_CONN_H
+#define GDRKV_CLIENT_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client_batch.h"
+#include "client_copy.h"
+#include "client_iov.h"
+#include "common/net.h"
+#include "common/protocol.h"
+
+enum client_conn_phase {
+    CLIENT_CONN_HELLO,          /* rdma: the RDMA_HELLO answer, before the frame starts */
+    CLIENT_CONN_SEND,           /* request header, body, PUT values */
+    CLIENT_CONN_RECV_HEAD,      /* response header and body */
+    CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
+    CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
+};
+
+struct client_server;
+struct client_pool;
+struct gpu_conn;
+
+struct client_conn {
+    int fd;
+    uint64_t next_req_id;
+    struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
+    struct client_copy_list copies; /* shm: the current LEASE's copies */
+    struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */
+    int rdma_broken;            /* a QP failed: finish the frame, then close */
+    int rdma_only;              /* transport rdma: no plain frames if the set-up fails */
+    int hello_pending;          /* RDMA_HELLO sent, its answer not read yet */
+    uint8_t hello_hdr[GK_HDR_SIZE];
+    uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
+    size_t commit_cap;
+    struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
+    int gpu_err;                /* the frame's GPU staging failed: fail it */
+
+    /* The frame in flight. */
+    enum client_conn_phase phase;
+    struct client_batch *batch;
+    struct client_frame *frame;
+    uint64_t req_id;
+    uint8_t wire_op;            /* what is on the wire: the batch's op, or LEASE, RELEASE,
+                                   RESERVE, COMMIT */
+    uint8_t release[GK_HDR_SIZE];   /* the RELEASE request */
+    struct gk_hdr resp;
+    int resp_decoded;
+    size_t got;                 /* response header + body bytes received */
+    uint8_t *body;              /* where the response body goes */
+    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
+    const char *why;            /* what failed, for the log */
+    uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
+    struct client_iov io;
+};
+
+/* Connects to s within deadline_ns, over shm where s has a unix socket
+ * that answers (else tcp, unless s is shm only); NULL with *err =
+ * GDRKV_E_TIMEOUT, GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err);
+void client_conn_close(struct client_conn *c);
+int client_conn_is_shm(const struct client_conn *c);
+
+/* Whether an idle connection can carry a frame: the server has neither
+ * closed it (restart, idle timeout) nor sent anything unasked. */
+int client_conn_usable(const struct client_conn *c);
+/* Whether a connection that finished its frames may go back to the idle
+ * pool: not one whose QPs broke. */
+int client_conn_reusable(const struct client_conn *c);
+
+void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f);
+/* POLLOUT while sending, POLLIN while receiving, nothing while a GPU copy
+ * runs: client_conn_busy() then says to call client_conn_progress again
+ * without waiting for the socket. */
+short client_conn_events(const struct client_conn *c);
+int client_conn_busy(const struct client_conn *c);
+/* Moves what the socket allows. Returns 1 when the frame is answered (its
+ * results are written and the connection is ready for the next frame), 0
+ * when it waits for the socket, or a negative gdrkv_error when the
+ * connection failed (c->why says how): it must then be closed, and the
+ * frame's results are for the caller to set. */
+int client_conn_progress(struct client_conn *c);
+
+#endif

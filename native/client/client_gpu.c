@@ -1,0 +1,501 @@
+/*
+ * gpu_client.c - see gpu_client.h.
+ *
+ * Segment classes are decided once per call, from a snapshot of the
+ * registered ranges: a GPU range is checked to still be the allocation it
+ * was at registration (CUDA's buffer id) before any byte goes near it, so
+ * memory freed under a registration is refused (GDRKV_E_INVALID) instead
+ * of faulting the GPU context. An unregistered segment is asked about
+ * only when the process has the CUDA driver loaded: a GPU address there
+ * is refused too, since the CPU can't touch it.
+ */
+#include "client_gpu.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "client_batch.h"
+#include "client_copy.h"
+#include "client_shm.h"
+#include "common/common.h"
+#include "gdrkv.h"
+#include "common/log.h"
+
+/* Smallest staging buffer a connection allocates: pinned allocation is
+ * slow, so buffers only grow, geometrically. */
+#define GPU_STAGING_MIN (4ull << 20)
+
+/* ------------------------------------------------------------ registration */
+
+int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    int first = -1, last = -1;
+
+    *device = -1;
+    *buffer_id = 0;
+    if (!cu || len == 0)
+        return 0;
+    int is_gpu = gk_cuda_pointer_device(ptr, &first);
+    int end_gpu = gk_cuda_pointer_device(ptr + len - 1, &last);
+    if (is_gpu < 0 || end_gpu < 0)
+        return GDRKV_E_INTERNAL;
+    if (!is_gpu && !end_gpu)
+        return 0;
+    if (!is_gpu || !end_gpu || first != last) {
+        GK_WARN("register: [%#llx, +%llu) mixes host and GPU memory",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    CUdeviceptr base = 0, end_base = 0;
+    size_t size = 0, end_size = 0;
+    if (cu->cuMemGetAddressRange(&base, &size, ptr) != GK_CUDA_SUCCESS ||
+        cu->cuMemGetAddressRange(&end_base, &end_size, ptr + len - 1) != GK_CUDA_SUCCESS ||
+        base != end_base) {
+        GK_WARN("register: [%#llx, +%llu) spans more than one GPU allocation",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    unsigned long long id = 0;
+    if (cu->cuPointerGetAttribute(&id, GK_CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) !=
+        GK_CUDA_SUCCESS)
+        return GDRKV_E_INVALID;
+    *device = first;
+    *buffer_id = id;
+    return 1;
+}
+
+/* Whether a registered GPU range is still the allocation it was. */
+static int region_alive(const struct gk_cuda *cu, const struct client_region *r)
+{
+    unsigned long long id = 0;
+    return cu->cuPointerGetAttribute(&id, GK_CU_POINTER_ATTRIBUTE_BUFFER_ID, r->ptr) ==
+               GK_CUDA_SUCCESS && id == r->buffer_id;
+}
+
+/* ------------------------------------------------------------ calls */
+
+struct classifier {
+    const struct gk_cuda *cu;
+    struct client_region *regions;
+    int8_t *alive;          /* per region: 0 unchecked, 1 alive, -1 gone */
+    uint32_t nregions;
+    uint32_t last;          /* the region the previous segment was in */
+};
+
+/* A segment's device (>= 0), -1 for host memory, or -2 when it is GPU
+ * memory that can't be used. */
+static int classify(struct classifier *k, uint64_t ptr, uint64_t len)
+{
+    if (len == 0)
+        return -1;
+    for (uint32_t n = 0; n < k->nregions; n++) {
+        uint32_t i = (k->last + n) % k->nregions;
+        const struct client_region *r = &k->regions[i];
+        if (ptr < r->ptr || ptr - r->ptr >= r->len)
+            continue;
+        k->last = i;
+        if (r->device < 0)
+            return -1;
+        if (len > r->len - (ptr - r->ptr))
+            return -2;      /* runs out of its GPU range */
+        if (!k->alive[i])
+            k->alive[i] = region_alive(k->cu, r) ? 1 : -1;
+        return k->alive[i] > 0 ? r->device : -2;
+    }
+    /* Unregistered: GPU memory (or memory CUDA can't tell about) is refused;
+     * only what CUDA says is host memory may be copied by the CPU. */
+    int dev;
+    return gk_cuda_pointer_device(ptr, &dev) == 0 ? -1 : -2;
+}
+
+int gpu_call_order(const struct gpu_call *g)
+{
+    uint32_t seen = 0;
+    for (uint64_t s = 0; s < g->nsegs; s++) {
+        int dev = g->seg_dev[s];
+        if (dev < 0 || (seen & (1u << dev)))
+            continue;
+        seen |= 1u << dev;
+        int rc = gpu_wait_stream(dev, g->stream);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void gpu_call_free(struct gpu_call *g)
+{
+    if (!g)
+        return;
+    free(g->ptrs);
+    free(g->seg_dev);
+    free(g->bad);
+    free(g);
+}
+
+/* A CUDA stream belongs to one GPU's context: a call that passes one and
+ * has GPU segments on several devices fails those keys (E_INVALID) rather
+ * than queue copies on a stream of the wrong device. */
+static void refuse_multi_gpu_stream(struct gpu_call *g, const struct client_keys *k)
+{
+    int first = -1, multi = 0;
+    for (uint64_t s = 0; s < g->nsegs && g->stream; s++) {
+        if (g->seg_dev[s] < 0)
+            continue;
+        if (first < 0)
+            first = g->seg_dev[s];
+        multi |= g->seg_dev[s] != first;
+    }
+    if (!multi)
+        return;
+    GK_WARN("a call with a CUDA stream has GPU segments on several GPUs: refused; pass no "
+            "stream, or one call per GPU");
+    uint64_t seg = 0;
+    for (uint32_t i = 0; i < k->n; i++) {
+        for (uint64_t s = seg; s < seg + k->seg_counts[i]; s++)
+            if (g->seg_dev[s] >= 0 && !g->bad[i]) {
+                g->bad[i] = 1;
+                k->results[i] = GDRKV_E_INVALID;
+            }
+        seg += k->seg_counts[i];
+    }
+}
+
+static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs)
+{
+    struct gpu_call *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->ptrs = malloc((nsegs ? nsegs : 1) * sizeof *g->ptrs);
+    g->seg_dev = malloc(nsegs ? nsegs : 1);
+    g->bad = calloc(k->n ? k->n : 1, 1);
+    if (!g->ptrs || !g->seg_dev || !g->bad) {
+        gpu_call_free(g);
+        return NULL;
+    }
+    if (nsegs)
+        memcpy(g->ptrs, k->seg_ptrs, nsegs * sizeof *g->ptrs);
+    g->orig = k->seg_ptrs;
+    g->nsegs = nsegs;
+    g->stream = k->stream;
+    return g;
+}
+
+struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
+                                  const struct client_keys *k, int *rc)
+{
+    struct classifier cl = {.cu = gk_cuda_if_loaded()};
+    struct gpu_call *g = NULL;
+    uint64_t nsegs = 0;
+
+    *rc = 0;
+    if ((op != GK_OP_GET && op != GK_OP_PUT) || !cl.cu)
+        return NULL;
+    for (uint32_t i = 0; i < k->n; i++)
+        nsegs += k->seg_counts[i];
+    if (client_regions_snapshot(&c->regions, &cl.regions, &cl.nregions)) {
+        *rc = GDRKV_E_INTERNAL;
+        return NULL;
+    }
+    cl.alive = calloc(cl.nregions ? cl.nregions : 1, 1);
+    int8_t *dev = malloc(nsegs ? nsegs : 1);
+    int any = 0;
+    if (!cl.alive || !dev) {
+        *rc = GDRKV_E_INTERNAL;
+        goto out;
+    }
+    uint64_t seg = 0;
+    for (uint32_t i = 0; i < k->n; i++) {
+        /* check_key refuses too many segments later; don't look at them. */
+        uint64_t end = seg + k->seg_counts[i];
+        int bad = 0;
+        for (uint64_t s = seg; s < end; s++) {
+            int d = k->seg_counts[i] > GK_MAX_SEGMENTS ? -1
+                                                      : classify(&cl, k->seg_ptrs[s], k->seg_lens[s]);
+            bad |= d == -2;
+            dev[s] = (int8_t)(d == -2 ? -1 : d);
+            any |= d != -1;
+        }
+        if (bad) {
+            if (!g && !(g = call_alloc(k, nsegs)))
+                break;
+            g->bad[i] = 1;
+            k->results[i] = GDRKV_E_INVALID;
+        }
+        seg = end;
+    }
+    if (any && !g)
+        g = call_alloc(k, nsegs);
+    if (any && !g) {
+        *rc = GDRKV_E_INTERNAL;
+        goto out;
+    }
+    if (g) {
+        memcpy(g->seg_dev, dev, nsegs);
+        g->mode = c->opts.gpu_copy;
+        refuse_multi_gpu_stream(g, k);
+    }
+out:
+    free(dev);
+    free(cl.alive);
+    free(cl.regions);
+    return g;
+}
+
+/* ------------------------------------------------------------ connections */
+
+struct gpu_staging {
+    uint8_t *buf;           /* pinned, mapped */
+    uint64_t cap;
+};
+
+struct gpu_conn {
+    struct gpu_list list;
+    struct gpu_slot slots[2];
+    struct gpu_staging staging[2];
+    int next;               /* the slot the next socket GET frame uses */
+    int frame_slot;         /* the slot of the GET frame being received */
+};
+
+static struct gpu_conn *conn_get(struct gpu_conn **gc)
+{
+    if (!*gc)
+        *gc = calloc(1, sizeof **gc);
+    return *gc;
+}
+
+struct gpu_list *gpu_conn_list(struct gpu_conn **gc)
+{
+    struct gpu_conn *g = conn_get(gc);
+    return g ? &g->list : NULL;
+}
+
+/* Staging slot `slot` with room for bytes; its last launch must be over. */
+static int staging_reserve(struct gpu_conn *g, int slot, uint64_t bytes)
+{
+    struct gpu_staging *st = &g->staging[slot];
+    if (bytes <= st->cap)
+        return 0;
+    uint64_t cap = GK_MAX(GK_MAX(bytes, 2 * st->cap), GPU_STAGING_MIN);
+    gpu_host_free(st->buf);
+    st->buf = gpu_host_alloc(cap);
+    st->cap = st->buf ? cap : 0;
+    return st->buf ? 0 : GDRKV_E_INTERNAL;
+}
+
+/* The segments of the key at position p: [*first, *first + count). */
+static uint32_t key_segments(const struct client_batch *b, uint32_t p, uint64_t *first)
+{
+    *first = b->first_seg[p];
+    return b->seg_counts[b->index[p]];
+}
+
+/* Bytes of the frame's segments in GPU memory. */
+static uint64_t frame_gpu_bytes(const struct client_batch *b, const struct client_frame *f)
+{
+    uint64_t bytes = 0;
+    for (uint32_t p = f->first; p < f->first + f->count; p++) {
+        uint64_t s;
+        uint32_t n = key_segments(b, p, &s);
+        for (uint64_t e = s + n; s < e; s++)
+            if (b->gpu->seg_dev[s] >= 0)
+                bytes += b->seg_lens[s];
+    }
+    return bytes;
+}
+
+/* Points the frame's GPU segments into staging slot `slot`; with gather,
+ * lists the copies that fill it from them. */
+static int redirect(struct gpu_conn *g, int slot, struct client_batch *b,
+                    const struct client_frame *f, int gather)
+{
+    struct gpu_call *gc = b->gpu;
+    uint64_t off = 0;
+    uint8_t *base = g->staging[slot].buf;
+
+    gpu_list_reset(&g->list);
+    for (uint32_t p = f->first; p < f->first + f->count; p++) {
+        uint64_t s;
+        uint32_t n = key_segments(b, p, &s);
+        for (uint64_t e = s + n; s < e; s++) {
+            int dev = gc->seg_dev[s];
+            if (dev < 0)
+                continue;
+            uint64_t at = (uint64_t)(uintptr_t)(base + off);
+            gc->ptrs[s] = at;
+            if (gather && gpu_list_add(&g->list, dev, at, gc->orig[s], b->seg_lens[s]))
+                return GDRKV_E_INTERNAL;
+            off += b->seg_lens[s];
+        }
+    }
+    return 0;
+}
+
+int gpu_conn_start(struct gpu_conn **gcp, struct client_batch *b, const struct client_frame *f,
+                   int get_over_socket)
+{
+    int put = b->opcode == GK_OP_PUT;
+    if (!put && !get_over_socket)
+        return 0;
+    uint64_t bytes = frame_gpu_bytes(b, f);
+    if (bytes == 0)
+        return 0;
+    struct gpu_conn *g = conn_get(gcp);
+    if (!g)
+        return GDRKV_E_INTERNAL;
+    int slot = put ? 0 : g->next;
+    int rc = gpu_slot_wait(&g->slots[slot]);
+    if (!rc)
+        rc = staging_reserve(g, slot, bytes);
+    if (!rc)
+        rc = redirect(g, slot, b, f, put);
+    if (rc)
+        return rc;
+    if (put) {
+        /* The values must be in staging before the first byte is sent. */
+        rc = gpu_slot_launch(&g->slots[0], &g->list, b->gpu->mode, b->gpu->stream,
+                             &b->gpu->stats);
+        return rc ? rc : gpu_slot_wait(&g->slots[0]);
+    }
+    g->frame_slot = slot;
+    g->next = slot ^ 1;
+    return 0;
+}
+
+int gpu_conn_received(struct gpu_conn *g, struct client_batch *b, const struct client_frame *f)
+{
+    struct gpu_call *gc = b->gpu;
+    if (!g)
+        return 0;           /* the frame had no GPU segment */
+    gpu_list_reset(&g->list);
+    for (uint32_t p = f->first; p < f->first + f->count; p++) {
+        uint64_t left = b->got[p], s;
+        uint32_t n = key_segments(b, p, &s);
+        for (uint64_t e = s + n; s < e && left; s++) {
+            uint64_t len = GK_MIN(b->seg_lens[s], left);
+            left -= len;
+            if (gc->seg_dev[s] >= 0 &&
+                gpu_list_add(&g->list, gc->seg_dev[s], gc->orig[s], gc->ptrs[s], len))
+                return GDRKV_E_INTERNAL;
+        }
+    }
+    if (!g->list.count)
+        return 0;
+    return gpu_slot_launch(&g->slots[g->frame_slot], &g->list, gc->mode, gc->stream, &gc->stats);
+}
+
+/* ------------------------------------------------------------ shm pool */
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Registers the pool mapping with CUDA on its first GPU copy: 1 when the
+ * GPU reads it directly, 0 when it could not be registered. */
+static int pool_mapped(struct client_pool *pool)
+{
+    int state = __atomic_load_n(&pool->gpu_state, __ATOMIC_ACQUIRE);
+    if (state == 0) {
+        pthread_mutex_lock(&pool_lock);
+        if (pool->gpu_state == 0) {
+            CUdeviceptr dptr = 0;
+            state = gpu_register_readonly(pool->base, pool->map_len, &dptr) ? -1 : 1;
+            pool->gpu_dptr = dptr;
+            __atomic_store_n(&pool->gpu_state, state, __ATOMIC_RELEASE);
+        }
+        state = pool->gpu_state;
+        pthread_mutex_unlock(&pool_lock);
+    }
+    return state == 1;
+}
+
+void gpu_pool_release(struct client_pool *pool)
+{
+    if (pool->gpu_state == 1)
+        gpu_unregister(pool->base);
+    pool->gpu_state = 0;
+}
+
+int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
+                         const struct client_copy_list *host, struct client_copier *copier)
+{
+    struct gpu_call *gc = b->gpu;
+    int mode = gc->mode;
+    uint64_t base = (uint64_t)(uintptr_t)pool->base;
+
+    if (pool_mapped(pool)) {
+        for (uint32_t i = 0; i < g->list.count; i++)
+            g->list.pieces[i].src = pool->gpu_dptr + (g->list.pieces[i].src - base);
+    } else {
+        mode = GPU_MODE_COPY_ENGINE;    /* the driver stages pageable memory itself */
+    }
+    int rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+    if (host->count)
+        client_copy_run(copier, host);
+    gpu_list_reset(&g->list);
+    return rc;
+}
+
+int gpu_conn_leased_done(struct gpu_conn *g)
+{
+    return gpu_slot_poll(&g->slots[0]);
+}
+
+int gpu_conn_drain(struct gpu_conn *g)
+{
+    if (!g)
+        return 0;
+    int rc0 = gpu_slot_wait(&g->slots[0]);
+    int rc1 = gpu_slot_wait(&g->slots[1]);
+    return rc0 ? rc0 : rc1;
+}
+
+void gpu_conn_free(struct gpu_conn *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < 2; i++) {
+        gpu_slot_free(&g->slots[i]);
+        gpu_host_free(g->staging[i].buf);
+    }
+    gpu_list_free(&g->list);
+    free(g);
+}
+
+/* ------------------------------------------------------------ public */
+
+int gdrkv_gpu_available(char *why, size_t len)
+{
+    char scratch[1];
+    return why && len ? gpu_available(why, len) : gpu_available(scratch, sizeof scratch);
+}
+
+/* One slot for every caller of gdrkv_gpu_copy, taken in turn. */
+static struct gpu_slot copy_slot;
+static struct gpu_list copy_list;
+static pthread_mutex_t copy_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int gdrkv_gpu_copy(int device, uint32_t n, const uint64_t *dsts, const uint64_t *srcs,
+                   const uint64_t *lens, int mode, uint64_t stream)
+{
+    struct gpu_stats stats = {0};
+    int rc = 0;
+
+    if (n && (!dsts || !srcs || !lens))
+        return GDRKV_E_INVALID;
+    if (device < 0 || device >= GPU_MAX_DEVICES || mode < GPU_MODE_AUTO ||
+        mode > GPU_MODE_PER_PIECE)
+        return GDRKV_E_INVALID;
+    if (!gk_cuda())
+        return GDRKV_E_UNSUPPORTED;
+    pthread_mutex_lock(&copy_lock);
+    gpu_list_reset(&copy_list);
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = gpu_list_add(&copy_list, device, dsts[i], srcs[i], lens[i]);
+    if (!rc)
+        rc = gpu_slot_launch(&copy_slot, &copy_list, mode, stream, &stats);
+    int wait_rc = gpu_slot_wait(&copy_slot);
+    pthread_mutex_unlock(&copy_lock);
+    return rc ? rc : wait_rc;
+}

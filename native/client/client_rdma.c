@@ -1,0 +1,686 @@
+/*
+ * client_rdma.c - see client_rdma.h.
+ */
+#include "client_rdma.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_chunks.h"
+#include "common/common.h"
+#include "gpu/cuda.h"
+#include "client_gpu.h"
+#include "gdrkv.h"
+#include "common/log.h"
+#include "common/protocol.h"
+
+static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    unsigned long x = strtoul(v, NULL, 10);
+    return x < lo ? lo : x > hi ? hi : (uint32_t)x;
+}
+
+int client_rdma_init(struct client_rdma *r)
+{
+    memset(r, 0, sizeof *r);
+    r->qps_per_conn = env_u32("GDRKV_IB_QPS", 4, 1, 16);
+    r->sq_depth = env_u32("GDRKV_IB_SQ_DEPTH", 512, 2, 1u << 15);
+    const char *flush = getenv("GDRKV_IB_FLUSH");
+    r->flush_mode = flush && !strcmp(flush, "always") ? CLIENT_RDMA_FLUSH_ALWAYS
+                    : flush && !strcmp(flush, "never") ? CLIENT_RDMA_FLUSH_NEVER
+                    : CLIENT_RDMA_FLUSH_AUTO;
+    if (flush && *flush && strcmp(flush, "auto") && r->flush_mode == CLIENT_RDMA_FLUSH_AUTO)
+        GK_WARN("GDRKV_IB_FLUSH=%s is not auto, always or never: using auto", flush);
+    if (pthread_mutex_init(&r->lock, NULL))
+        return GDRKV_E_INTERNAL;
+    if (pthread_mutex_init(&r->flush_lock, NULL)) {
+        pthread_mutex_destroy(&r->lock);
+        return GDRKV_E_INTERNAL;
+    }
+    return 0;
+}
+
+#ifdef GDRKV_HAVE_VERBS
+#include "rdma/rdma_dev.h"
+#include "rdma/rdma_qp.h"
+
+/* ------------------------------------------------------------ flush READs */
+
+/* A QP connected to itself, and a few bytes of host memory to READ into:
+ * a READ of GPU memory the NIC just wrote makes those writes visible to
+ * the GPU (NCCL's gpuFlush). Before Hopper a completion alone does not. */
+struct flusher {
+    struct rdma_qps qps;
+    struct ibv_mr *mr;
+    uint8_t scratch[64];
+};
+
+static void flusher_free(struct rdma_dev *d, struct flusher *f)
+{
+    if (f->qps.n || f->qps.cq)
+        rdma_qps_destroy(d, &f->qps);
+    if (f->mr)
+        d->ibv->dereg_mr(f->mr);
+    free(f);
+}
+
+static struct flusher *flusher_new(struct rdma_dev *d)
+{
+    struct flusher *f = calloc(1, sizeof *f);
+    struct rdma_endpoint self;
+    if (!f)
+        return NULL;
+    f->mr = d->ibv->reg_mr(d->pd, f->scratch, sizeof f->scratch, IBV_ACCESS_LOCAL_WRITE);
+    if (!f->mr || rdma_qps_create(d, &f->qps, 1, 2, 1, 1)) {
+        flusher_free(d, f);
+        return NULL;
+    }
+    f->qps.rd_atomic = 1;
+    rdma_qps_describe(d, &f->qps, &self);
+    if (rdma_qps_connect(d, &f->qps, &self, 1)) {
+        flusher_free(d, f);
+        return NULL;
+    }
+    return f;
+}
+
+/* One signalled 1-byte READ from addr, waited for, under flush_lock:
+ * flushes are rare (one per batch into a pre-Hopper GPU) and tiny. */
+static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
+{
+    struct rdma_dev *d = r->dev;
+    if (!r->flusher && !(r->flusher = flusher_new(d)))
+        return GDRKV_E_UNAVAILABLE;
+    struct flusher *f = r->flusher;
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)f->scratch, .length = 1,
+                          .lkey = f->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}};
+    struct ibv_send_wr *bad = NULL;
+    struct ibv_qp *qp = f->qps.qp[0];
+    int rc = qp->context->ops.post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
+    while (rc == GDRKV_E_TIMEOUT) {
+        struct ibv_wc wc;
+        int n = f->qps.cq->context->ops.poll_cq(f->qps.cq, 1, &wc);
+        if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS))
+            rc = GDRKV_E_UNAVAILABLE;
+        else if (n == 1)
+            rc = 0;
+        else if (gk_now_ns() >= deadline_ns)
+            break;
+    }
+    if (rc) {
+        /* A QP in error or with a READ outstanding: start over next time. */
+        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(rc));
+        flusher_free(d, f);
+        r->flusher = NULL;
+    }
+    __atomic_fetch_add(&r->flushes, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* ------------------------------------------------------------ device, MRs */
+
+void client_rdma_destroy(struct client_rdma *r)
+{
+    struct rdma_dev *d = r->dev;
+    if (r->flusher)
+        flusher_free(d, r->flusher);
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        d->ibv->dereg_mr(r->mrs[i].mr);
+        if (r->mrs[i].dmabuf_fd >= 0)
+            close(r->mrs[i].dmabuf_fd);
+    }
+    free(r->mrs);
+    if (d) {
+        rdma_dev_close(d);
+        free(d);
+    }
+    pthread_mutex_destroy(&r->flush_lock);
+    pthread_mutex_destroy(&r->lock);
+}
+
+static int ready_locked(struct client_rdma *r, const char *near_pci)
+{
+    if (r->state == 0) {
+        struct rdma_dev *d = calloc(1, sizeof *d);
+        int rc = d ? rdma_dev_open(d, near_pci, r->why, sizeof r->why) : GDRKV_E_INTERNAL;
+        if (rc) {
+            free(d);
+            r->state = -1;
+            GK_INFO("rdma unavailable: %s", r->why);
+        } else {
+            r->dev = d;
+            r->state = 1;
+        }
+    }
+    return r->state == 1 ? 0 : GDRKV_E_UNAVAILABLE;
+}
+
+int client_rdma_ready(struct client_rdma *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int rc = ready_locked(r, NULL);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------ GPU memory */
+
+/* "dddd:bb:dd.0" of a GPU, for choosing the NIC nearest to it. */
+static const char *gpu_pci_address(int device, char *buf, size_t len)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdevice dev;
+    int domain, bus, slot;
+    if (!cu || cu->cuDeviceGet(&dev, device) ||
+        cu->cuDeviceGetAttribute(&domain, GK_CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev) ||
+        cu->cuDeviceGetAttribute(&bus, GK_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) ||
+        cu->cuDeviceGetAttribute(&slot, GK_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev))
+        return NULL;
+    snprintf(buf, len, "%04x:%02x:%02x.0", (unsigned)domain, (unsigned)bus, (unsigned)slot);
+    return buf;
+}
+
+/* Before Hopper (compute capability 9), a NIC write completing does not
+ * mean the GPU sees it: such memory needs the flush READ. */
+static int gpu_needs_flush(int device)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdevice dev;
+    int major = 0;
+    if (!cu || cu->cuDeviceGet(&dev, device) ||
+        cu->cuDeviceGetAttribute(&major, GK_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        return 1;   /* unknown: the safe side */
+    return major < 9;
+}
+
+/* GPU memory through dma-buf: exported from its allocation's base (page
+ * aligned, as the driver wants), registered at the range's offset, so
+ * every NIC shares one BAR1 mapping of the allocation. Without dma-buf
+ * (old driver or rdma-core) plain ibv_reg_mr works where nvidia-peermem
+ * is loaded. */
+static struct ibv_mr *reg_gpu(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access,
+                              int *dmabuf_fd)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    CUdeviceptr base;
+    size_t size;
+    *dmabuf_fd = -1;
+    if (cu && cu->cuMemGetHandleForAddressRange && d->ibv->reg_dmabuf_mr &&
+        cu->cuMemGetAddressRange(&base, &size, ptr) == GK_CUDA_SUCCESS) {
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t start = base & ~(page - 1);
+        uint64_t span = (base + size - start + page - 1) & ~(page - 1);
+        int fd = -1;
+        CUresult cr = cu->cuMemGetHandleForAddressRange(&fd, start, span,
+                                                        GK_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        if (cr == GK_CUDA_SUCCESS && fd >= 0) {
+            struct ibv_mr *mr = d->ibv->reg_dmabuf_mr(d->pd, ptr - start, len, ptr, fd, access);
+            if (mr) {
+                *dmabuf_fd = fd;
+                return mr;
+            }
+            GK_INFO("rdma: dma-buf registration failed (%s); trying nvidia-peermem",
+                    strerror(errno));
+            close(fd);
+        } else {
+            GK_INFO("rdma: no dma-buf for GPU memory (%s); trying nvidia-peermem",
+                    gk_cuda_strerror(cr));
+        }
+    }
+    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
+}
+
+/* access carries relaxed ordering where the library knows the flag
+ * (ibv_reg_mr_iova2 came with it): the NIC may then reorder its PCIe
+ * writes, much faster to GPUs behind some root complexes, and safe for
+ * one-sided data whose completion is what the reader waits for. */
+static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access)
+{
+    if (d->ibv->reg_mr_iova2)
+        return d->ibv->reg_mr_iova2(d->pd, (void *)(uintptr_t)ptr, len, ptr, (unsigned)access);
+    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
+}
+
+/* Registration can take seconds for a large or GPU range: it runs
+ * outside the lock, so other threads' calls go on meanwhile. The regions
+ * table (client_regions.c) already refused overlapping ranges. */
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
+{
+    char pci[32];
+    pthread_mutex_lock(&r->lock);
+    int rc = ready_locked(r, device >= 0 && r->state == 0 ? gpu_pci_address(device, pci, sizeof pci)
+                                                          : NULL);
+    pthread_mutex_unlock(&r->lock);
+    if (rc)
+        return rc;
+
+    struct rdma_dev *d = r->dev;
+    uint64_t t0 = gk_now_ns();
+    /* Remote read only for the flush QP, which is connected to itself: the
+     * data QPs grant the server no access at all. */
+    int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS ||
+                (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 && gpu_needs_flush(device));
+    int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
+    int dmabuf_fd = -1;
+    if (d->ibv->reg_mr_iova2)
+        access |= IBV_ACCESS_RELAXED_ORDERING;
+    struct ibv_mr *mr = device >= 0 ? reg_gpu(d, ptr, len, access, &dmabuf_fd)
+                                    : reg_host(d, ptr, len, access);
+    if (!mr) {
+        GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s", (unsigned long long)len,
+                (unsigned long long)ptr, d->name, strerror(errno));
+        return errno == ENOMEM ? GDRKV_E_NO_SPACE : GDRKV_E_INVALID;
+    }
+    GK_DEBUG("rdma: registered %llu bytes in %llu us", (unsigned long long)len,
+             (unsigned long long)((gk_now_ns() - t0) / 1000));
+
+    pthread_mutex_lock(&r->lock);
+    if (r->nmrs == r->cap) {
+        uint32_t cap = r->cap ? 2 * r->cap : 8;
+        struct client_mr *mrs = realloc(r->mrs, cap * sizeof *mrs);
+        if (mrs)
+            r->mrs = mrs, r->cap = cap;
+    }
+    if (r->nmrs < r->cap) {
+        r->gpu_mrs += device >= 0;
+        r->gpu_mrs_dmabuf += dmabuf_fd >= 0;
+        r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,
+                                               .lkey = mr->lkey, .rkey = mr->rkey,
+                                               .dmabuf_fd = dmabuf_fd, .flush = flush};
+        mr = NULL;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (mr) {
+        d->ibv->dereg_mr(mr);
+        if (dmabuf_fd >= 0)
+            close(dmabuf_fd);
+        return GDRKV_E_INTERNAL;
+    }
+    return 0;
+}
+
+void client_rdma_unregister(struct client_rdma *r, uint64_t ptr)
+{
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        if (r->mrs[i].ptr == ptr) {
+            ((struct rdma_dev *)r->dev)->ibv->dereg_mr(r->mrs[i].mr);
+            if (r->mrs[i].dmabuf_fd >= 0)
+                close(r->mrs[i].dmabuf_fd);
+            r->mrs[i] = r->mrs[--r->nmrs];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The MR covering [ptr, ptr + len), or NULL; under the lock. */
+static const struct client_mr *mr_of(struct client_rdma *r, uint64_t ptr, uint64_t len)
+{
+    for (uint32_t i = 0; i < r->nmrs; i++) {
+        const struct client_mr *m = &r->mrs[i];
+        if (ptr >= m->ptr && len <= m->len && ptr - m->ptr <= m->len - len)
+            return m;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ connections */
+
+#define CLIENT_RDMA_FLUSH_MRS 8
+
+struct client_rdma_conn {
+    struct client_rdma *owner;
+    struct rdma_qps qps;
+    struct rdma_region *regions;
+    uint32_t nregions;
+    uint64_t pool_size;
+    struct rdma_pieces pieces;
+    struct client_batch *batch;     /* of the run in progress, for failures */
+    const struct client_frame *frame;
+    uint8_t *flags;                 /* WRITE: the frame's commit flags */
+    /* READ: one destination in each MR that needs a flush (one MR per GPU
+     * is the usual engine layout), with the MR's rkey. */
+    uint64_t flush_addr[CLIENT_RDMA_FLUSH_MRS];
+    uint32_t flush_rkey[CLIENT_RDMA_FLUSH_MRS];
+    uint32_t nflush;
+    int plan_err;                   /* why add_piece refused */
+};
+
+/* The HELLO answer's body: the server's endpoint, then its regions. */
+static int take_answer(struct client_rdma_conn *rc, const uint8_t *body, size_t len,
+                       struct rdma_endpoint *peer)
+{
+    size_t used = rdma_endpoint_decode(body, len, peer);
+    if (!used || peer->nqps != rc->qps.n || peer->rd_atomic > rc->qps.rd_atomic ||
+        peer->sq_depth > rc->qps.sq_depth || peer->max_sge > rc->qps.max_sge)
+        return GDRKV_E_PROTOCOL;
+    rc->regions = calloc(RDMA_MAX_REGIONS, sizeof *rc->regions);
+    if (!rc->regions)
+        return GDRKV_E_INTERNAL;
+    int n = rdma_regions_decode(body + used, len - used, rc->regions, RDMA_MAX_REGIONS);
+    if (n <= 0)
+        return GDRKV_E_PROTOCOL;
+    rc->nregions = (uint32_t)n;
+    rc->pool_size = rc->regions[n - 1].pool_off + rc->regions[n - 1].len;
+    /* Granted, never more than asked: our send queues and SGE lists
+     * shrink to what the server accepted. */
+    rc->qps.sq_depth = peer->sq_depth;
+    rc->qps.max_sge = peer->max_sge;
+    rc->qps.max_sge_rd = GK_MIN(rc->qps.max_sge_rd, peer->max_sge);
+    return 0;
+}
+
+int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
+                         size_t cap, size_t *req_len)
+{
+    if (client_rdma_ready(r))
+        return GDRKV_E_UNSUPPORTED;
+    struct rdma_dev *d = r->dev;
+    struct client_rdma_conn *rc = calloc(1, sizeof *rc);
+    if (!rc)
+        return GDRKV_E_INTERNAL;
+    rc->owner = r;
+    uint32_t depth = GK_MIN(r->sq_depth, (uint32_t)GK_MAX(d->attr.max_qp_wr, 2));
+    uint32_t sge = GK_MIN(16u, (uint32_t)GK_MAX(d->attr.max_sge, 1));
+    if (rdma_qps_create(d, &rc->qps, r->qps_per_conn, depth, sge, 0)) {
+        free(rc);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    /* What we ask the server for: as many READs in flight per QP as our
+     * device can issue (it answers with what it can take, maybe fewer). */
+    rc->qps.rd_atomic = (uint32_t)GK_MAX(GK_MIN(d->attr.max_qp_init_rd_atom, 16), 1);
+    /* Multi-SGE READs are bounded by max_sge_rd, below max_sge on some NICs. */
+    rc->qps.max_sge_rd = d->attr.max_sge_rd > 0 ? GK_MIN(rc->qps.max_sge,
+                                                          (uint32_t)d->attr.max_sge_rd)
+                                                : rc->qps.max_sge;
+
+    struct rdma_endpoint mine;
+    rdma_qps_describe(d, &rc->qps, &mine);
+    if (cap < GK_HDR_SIZE + rdma_endpoint_size(&mine)) {
+        client_rdma_conn_close(rc);
+        return GDRKV_E_INTERNAL;
+    }
+    size_t body_len = rdma_endpoint_encode(&mine, req + GK_HDR_SIZE);
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RDMA_HELLO,
+                       .body_len = (uint32_t)body_len, .req_id = 1};
+    gk_hdr_encode(&h, req);
+    *req_len = GK_HDR_SIZE + body_len;
+    *out = rc;
+    return 0;
+}
+
+int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
+                            size_t len)
+{
+    struct rdma_endpoint peer;
+    if (status) {
+        GK_DEBUG("rdma hello refused (%s): %.*s", gdrkv_strerror(status),
+                 (int)GK_MIN(len, (size_t)200), (const char *)body);
+        /* UNSUPPORTED: the server has no rdma; the socket is still fine. */
+        return status == GDRKV_E_UNSUPPORTED ? GDRKV_E_UNSUPPORTED : GDRKV_E_UNAVAILABLE;
+    }
+    int err = take_answer(rc, body, len, &peer);
+    if (err == 0 && rdma_qps_connect(rc->owner->dev, &rc->qps, &peer, 1))
+        err = GDRKV_E_UNAVAILABLE;
+    return err;
+}
+
+void client_rdma_conn_close(struct client_rdma_conn *rc)
+{
+    if (!rc)
+        return;
+    struct rdma_dev *d = rc->owner->dev;
+    if (rc->qps.n || rc->qps.cq) {
+        /* Stop the NIC before anything it could still be moving is freed
+         * or handed back to the caller. */
+        rdma_qps_kill(d, &rc->qps);
+        rdma_qps_destroy(d, &rc->qps);
+    }
+    rdma_pieces_free(&rc->pieces);
+    free(rc->regions);
+    free(rc);
+}
+
+/* ------------------------------------------------------------ frames */
+
+int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
+                         const struct client_frame *f)
+{
+    struct client_rdma *r = rc->owner;
+    int ok = 1;
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t p = f->first; ok && p < f->first + f->count; p++) {
+        uint32_t i = b->index[p];
+        for (uint32_t s = 0; ok && s < b->seg_counts[i]; s++) {
+            uint64_t seg = b->first_seg[p] + s;
+            ok = b->seg_lens[seg] == 0 || mr_of(r, b->seg_ptrs[seg], b->seg_lens[seg]);
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (!ok)
+        __atomic_fetch_add(&r->fallback_frames, 1, __ATOMIC_RELAXED);
+    return ok;
+}
+
+/* The region of the server's pool holding [off, off + len). */
+static const struct rdma_region *region_of(const struct client_rdma_conn *rc, uint64_t off,
+                                           uint64_t len)
+{
+    uint32_t lo = 0, hi = rc->nregions;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const struct rdma_region *g = &rc->regions[mid];
+        if (off < g->pool_off)
+            hi = mid;
+        else if (off - g->pool_off >= g->len)
+            lo = mid + 1;
+        else
+            return len <= g->len - (off - g->pool_off) ? g : NULL;
+    }
+    return NULL;
+}
+
+/* A piece of the walk becomes one SGE-sized piece (or several, past the
+ * 1 GiB an SGE may carry). The caller holds the owner's lock (lkeys). */
+static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
+                     uint64_t len)
+{
+    struct client_rdma_conn *rc = arg;
+    /* rdma frames are never redirected to staging: seg_ptrs is the
+     * caller's address, GPU memory included (its MR is a dma-buf one). */
+    uint64_t seg_addr = rc->batch->seg_ptrs[seg] + seg_off;
+    const struct rdma_region *g = region_of(rc, pool_off, len);
+    const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
+    struct rdma_piece piece = {.key = p};
+    if (!g || !m) {
+        /* A chunk outside the server's regions is the server's fault; a
+         * segment no MR covers any more (unregistered meanwhile), ours. */
+        rc->plan_err = !g ? GDRKV_E_PROTOCOL : GDRKV_E_INVALID;
+        return -1;
+    }
+    piece.lkey = m->lkey;
+    piece.rkey = g->rkey;
+    if (m->flush && len > 0) {
+        uint32_t i = 0;
+        while (i < rc->nflush && rc->flush_rkey[i] != m->rkey)
+            i++;
+        /* More MRs than slots: the last slot's MR stands for the rest,
+         * which is right when they are on the same GPU. */
+        i = GK_MIN(i, (uint32_t)CLIENT_RDMA_FLUSH_MRS - 1);
+        rc->flush_addr[i] = seg_addr;
+        rc->flush_rkey[i] = m->rkey;
+        rc->nflush = GK_MAX(rc->nflush, i + 1);
+    }
+    while (len > 0) {
+        piece.len = (uint32_t)GK_MIN(len, 1ull << 30);
+        piece.local = seg_addr;
+        piece.remote = g->addr + (pool_off - g->pool_off);
+        if (rdma_pieces_add(&rc->pieces, &piece)) {
+            rc->plan_err = GDRKV_E_INTERNAL;
+            return -1;
+        }
+        seg_addr += piece.len, pool_off += piece.len, len -= piece.len;
+    }
+    return 0;
+}
+
+static void fail_key(void *arg, uint32_t p, int err)
+{
+    struct client_rdma_conn *rc = arg;
+    struct client_batch *b = rc->batch;
+    if (rc->flags)
+        rc->flags[p - rc->frame->first] = 0;
+    b->results[b->index[p]] = err;
+}
+
+static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, size_t len,
+               struct client_batch *b, const struct client_frame *f, const uint8_t *listed,
+               const uint64_t *lens)
+{
+    struct client_rdma *r = rc->owner;
+    rdma_pieces_reset(&rc->pieces);
+    rc->nflush = 0;
+    rc->batch = b;
+    rc->frame = f;
+    pthread_mutex_lock(&r->lock);
+    int rc_plan = client_chunks_walk(lists, len, rc->pool_size, b, f->first, f->count, listed,
+                                     lens, add_piece, rc);
+    pthread_mutex_unlock(&r->lock);
+    if (rc_plan == GDRKV_E_INTERNAL && rc->plan_err == GDRKV_E_INVALID) {
+        /* Nothing was posted: the frame's keys fail, the connection stays. */
+        for (uint32_t p = f->first; p < f->first + f->count; p++)
+            if (b->results[b->index[p]] >= 0)
+                b->results[b->index[p]] = GDRKV_E_INVALID;
+        if (rc->flags)
+            memset(rc->flags, 0, f->count);
+        rc->flags = NULL;
+        return 0;
+    }
+    if (rc_plan) {
+        rc->flags = NULL;
+        return rc_plan == GDRKV_E_INTERNAL ? rc->plan_err : rc_plan;
+    }
+
+    struct rdma_post_stats st = {0};
+    int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
+    rc->flags = NULL;
+    /* The READs are complete, but before Hopper the GPU may not see their
+     * bytes yet: one READ of the destination orders them. */
+    if (opcode == IBV_WR_RDMA_READ && rc->nflush && err != GDRKV_E_TIMEOUT) {
+        int ferr = 0;
+        pthread_mutex_lock(&r->flush_lock);
+        for (uint32_t i = 0; i < rc->nflush && !ferr; i++)
+            ferr = flush_read(r, rc->flush_addr[i], rc->flush_rkey[i], b->deadline_ns);
+        pthread_mutex_unlock(&r->flush_lock);
+        if (ferr) {
+            for (uint32_t p = f->first; p < f->first + f->count; p++)
+                if (b->results[b->index[p]] >= 0)
+                    b->results[b->index[p]] = ferr;
+        }
+    }
+    __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->reads : &r->writes, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->wrs, st.wrs, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->posts, st.posts, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->completions, st.completions, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->bytes, st.bytes, __ATOMIC_RELAXED);
+    return err;
+}
+
+/* GPU memory the NIC reads or writes: only after the work queued before
+ * the call on the caller's stream (or the legacy default stream) is done,
+ * as the staged transports order their copies. On failure the frame's keys
+ * fail (INTERNAL) and 0 is returned. */
+static int stream_ordered(struct client_batch *b, const struct client_frame *f)
+{
+    if (!b->gpu || gpu_call_order(b->gpu) == 0)
+        return 1;
+    for (uint32_t p = f->first; p < f->first + f->count; p++)
+        if (b->results[b->index[p]] >= 0)
+            b->results[b->index[p]] = GDRKV_E_INTERNAL;
+    return 0;
+}
+
+int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                     struct client_batch *b, const struct client_frame *f)
+{
+    if (!stream_ordered(b, f))
+        return 0;
+    return run(rc, IBV_WR_RDMA_READ, lists, len, b, f, NULL, b->got);
+}
+
+int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                      struct client_batch *b, const struct client_frame *f, uint8_t *flags)
+{
+    if (!stream_ordered(b, f)) {
+        for (uint32_t p = f->first; p < f->first + f->count; p++)
+            flags[p - f->first] = 0;
+        return 0;
+    }
+    rc->flags = flags;
+    return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
+}
+
+#else /* built without verbs.h: never available */
+
+void client_rdma_destroy(struct client_rdma *r)
+{
+    pthread_mutex_destroy(&r->flush_lock);
+    pthread_mutex_destroy(&r->lock);
+}
+
+int client_rdma_ready(struct client_rdma *r)
+{
+    snprintf(r->why, sizeof r->why, "built without rdma-core headers (libibverbs-dev)");
+    return GDRKV_E_UNAVAILABLE;
+}
+
+int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
+{
+    return client_rdma_ready(r);
+}
+
+void client_rdma_unregister(struct client_rdma *r, uint64_t ptr) {}
+
+int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
+                         size_t cap, size_t *req_len)
+{
+    return GDRKV_E_UNSUPPORTED;
+}
+
+int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
+                            size_t len)
+{
+    return GDRKV_E_UNSUPPORTED;
+}
+
+void client_rdma_conn_close(struct client_rdma_conn *rc) {}
+
+int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
+                         const struct client_frame *f)
+{
+    return 0;
+}
+
+int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                     struct client_batch *b, const struct client_frame *f)
+{
+    return GDRKV_E_INTERNAL;
+}
+
+int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
+                      struct client_batch *b, const struct client_frame *f, uint8_t *flags)
+{
+    return GDRKV_E_INTERNAL;
+}
+
+#endif

@@ -1,0 +1,228 @@
+/*
+ * client_run.c - drives one call's jobs: checks out a connection for each
+ * (from its server's idle pool, else a new one), then runs every frame of
+ * every server in one poll() loop in the calling thread, so the servers'
+ * batches proceed in parallel without threads of their own. When all
+ * frames are answered or the deadline passes, clean connections go back to
+ * their pools, the rest are closed, and each server hears how it went.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <poll.h>
+
+#include "client.h"
+#include "client_batch.h"
+#include "client_conn.h"
+#include "client_server.h"
+#include "common/common.h"
+#include "client_gpu.h"
+
+static void count_failure(struct gdrkv_client *c, int err, uint64_t n)
+{
+    if (err == GDRKV_E_TIMEOUT)
+        gk_counter_add(&c->counters.errors_timeout, n);
+    else if (err == GDRKV_E_UNAVAILABLE)
+        gk_counter_add(&c->counters.errors_unavailable, n);
+    else if (err == GDRKV_E_PROTOCOL)
+        gk_counter_add(&c->counters.errors_protocol, n);
+}
+
+/* Fails the frames of j not yet answered and closes its connection: after
+ * an error its stream state is unknown, and closing is also what keeps a
+ * late response from landing in the caller's buffers. */
+static void fail_job(struct gdrkv_client *c, struct client_call *call, struct client_job *j,
+                     int err, const char *why)
+{
+    uint64_t failed = 0;
+
+    for (uint32_t f = j->done; f < j->nframes; f++) {
+        client_frame_fail(&call->batch, &j->frames[f], err);
+        failed += GK_MAX(j->frames[f].count, 1);
+    }
+    count_failure(c, err, failed);
+    j->err = err;
+    j->why = why;
+    if (j->conn) {
+        client_conn_close(j->conn);
+        j->conn = NULL;
+    }
+}
+
+static int job_active(const struct client_job *j)
+{
+    return j->conn && j->done < j->nframes;
+}
+
+/* Gives jobs [first, end), all of one server, a connection each. One
+ * failed connect fails them all: the server is unreachable, and trying
+ * again per job would only multiply the wait. Connecting blocks, so a
+ * server that swallows SYNs holds up the other servers' start by up to
+ * connect_timeout_ms; that costs one call per backoff period, the probe,
+ * since the server is short-circuited in between. */
+static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t first,
+                      uint32_t end)
+{
+    struct client_server *s = &c->servers[call->jobs[first].server];
+    uint64_t connect_ns = (uint64_t)c->opts.connect_timeout_ms * 1000000u;
+
+    for (uint32_t j = first; j < end; j++) {
+        struct client_conn *conn;
+        while ((conn = client_server_pop_idle(s)) && !client_conn_usable(conn))
+            client_conn_close(conn);
+        if (!conn) {
+            int err;
+            conn = client_conn_open(s, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
+            if (!conn) {
+                gk_counter_add(&c->counters.connect_failures, 1);
+                /* Past connect_timeout_ms but within the call's deadline
+                 * the server is unreachable rather than slow. */
+                if (err == GDRKV_E_TIMEOUT && gk_now_ns() < call->deadline_ns)
+                    err = GDRKV_E_UNAVAILABLE;
+                for (uint32_t k = first; k < end; k++)
+                    fail_job(c, call, &call->jobs[k], err, "connect failed");
+                return;
+            }
+            gk_counter_add(&c->counters.connects, 1);
+            gk_counter_add(&c->counters.shm_connects, (uint64_t)client_conn_is_shm(conn));
+        }
+        call->jobs[j].conn = conn;
+    }
+}
+
+/* Moves j's frames as far as its socket allows; a finished frame makes
+ * room for the job's next one at once. */
+static void step(struct gdrkv_client *c, struct client_call *call, struct client_job *j)
+{
+    int rc;
+    while ((rc = client_conn_progress(j->conn)) == 1) {
+        if (++j->done == j->nframes)
+            return;
+        client_conn_start(j->conn, &call->batch, &j->frames[j->done]);
+    }
+    if (rc < 0)
+        fail_job(c, call, j, rc, j->conn->why);
+}
+
+static void fail_active(struct gdrkv_client *c, struct client_call *call, int err,
+                        const char *why)
+{
+    for (uint32_t j = 0; j < call->njobs; j++)
+        if (job_active(&call->jobs[j]))
+            fail_job(c, call, &call->jobs[j], err, why);
+}
+
+static void drive(struct gdrkv_client *c, struct client_call *call)
+{
+    for (uint32_t j = 0; j < call->njobs; j++) {
+        struct client_job *job = &call->jobs[j];
+        if (job->conn) {
+            client_conn_start(job->conn, &call->batch, &job->frames[0]);
+            step(c, call, job);
+        }
+    }
+    for (;;) {
+        uint32_t active = 0, busy = 0;
+        for (uint32_t j = 0; j < call->njobs; j++) {
+            struct client_job *job = &call->jobs[j];
+            struct pollfd *pfd = &call->pollfds[j];
+            /* poll() skips negative fds: finished and failed jobs. */
+            pfd->fd = job_active(job) ? job->conn->fd : -1;
+            pfd->events = pfd->fd >= 0 ? client_conn_events(job->conn) : 0;
+            pfd->revents = 0;
+            active += pfd->fd >= 0;
+            busy += pfd->fd >= 0 && client_conn_busy(job->conn);
+        }
+        if (!active)
+            return;
+        int ms = gk_poll_ms_left(call->deadline_ns);
+        if (ms == 0) {
+            fail_active(c, call, GDRKV_E_TIMEOUT, "timed out");
+            return;
+        }
+        /* A GPU copy in flight is polled, not waited for: its end has no fd.
+         * When nothing else is left, let other threads have the core. */
+        if (busy && busy == active)
+            sched_yield();
+        if (poll(call->pollfds, call->njobs, busy ? 0 : ms) < 0 && errno != EINTR) {
+            fail_active(c, call, GDRKV_E_INTERNAL, "poll failed");
+            return;
+        }
+        for (uint32_t j = 0; j < call->njobs; j++) {
+            struct client_job *job = &call->jobs[j];
+            if (call->pollfds[j].revents || (job_active(job) && client_conn_busy(job->conn)))
+                step(c, call, job);
+        }
+    }
+}
+
+/* Returns the connections of jobs [first, end) (one server) and reports
+ * the server's outcome once for the whole call. */
+static void check_in(struct gdrkv_client *c, struct client_call *call, uint32_t first,
+                     uint32_t end)
+{
+    struct client_server *s = &c->servers[call->jobs[first].server];
+    int err = 0;
+    const char *why = NULL;
+
+    for (uint32_t j = first; j < end; j++) {
+        struct client_job *job = &call->jobs[j];
+        /* INVALID is the caller's fault (a bad segment): it costs that
+         * job's connection, but must not put the server in backoff for
+         * every other thread. */
+        if (job->err && job->err != GDRKV_E_INVALID && !err) {
+            err = job->err;
+            why = job->why;
+        }
+        if (job->conn && client_conn_reusable(job->conn))
+            client_server_push_idle(s, job->conn);
+        else if (job->conn)
+            client_conn_close(job->conn);
+        job->conn = NULL;
+    }
+    client_server_report(s, err, why);
+}
+
+/* Calls fn on each run of jobs that share a server. */
+static void for_each_server(struct gdrkv_client *c, struct client_call *call,
+                            void (*fn)(struct gdrkv_client *, struct client_call *, uint32_t,
+                                       uint32_t))
+{
+    uint32_t end;
+    for (uint32_t first = 0; first < call->njobs; first = end) {
+        for (end = first + 1; end < call->njobs; end++)
+            if (call->jobs[end].server != call->jobs[first].server)
+                break;
+        fn(c, call, first, end);
+    }
+}
+
+/* GPU copies still in flight (tcp GETs) finish before the call returns;
+ * a job whose copy failed has its keys failed. */
+static void finish_gpu(struct gdrkv_client *c, struct client_call *call)
+{
+    struct gpu_call *g = call->batch.gpu;
+
+    for (uint32_t j = 0; j < call->njobs; j++) {
+        struct client_job *job = &call->jobs[j];
+        if (job->conn && gpu_conn_drain(job->conn->gpu)) {
+            job->done = 0;
+            fail_job(c, call, job, GDRKV_E_INTERNAL, "GPU copy failed");
+        }
+    }
+    gk_counter_add(&c->counters.gpu_bytes, g->stats.bytes);
+    gk_counter_add(&c->counters.gpu_kernel_launches, g->stats.kernel_launches);
+    gk_counter_add(&c->counters.gpu_copy_engine_calls, g->stats.copy_engine_calls);
+}
+
+void client_run(struct gdrkv_client *c, struct client_call *call)
+{
+    for_each_server(c, call, check_out);
+    drive(c, call);
+    if (call->batch.gpu)
+        finish_gpu(c, call);
+    for_each_server(c, call, check_in);
+    gk_counter_add(&c->counters.bytes_sent, call->batch.bytes_sent);
+    gk_counter_add(&c->counters.bytes_received, call->batch.bytes_received);
+    gk_counter_add(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
+    gk_counter_add(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
+}

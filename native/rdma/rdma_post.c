@@ -1,0 +1,307 @@
+/*
+ * rdma_post.c - see rdma_post.h.
+ */
+#include "rdma_post.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "gdrkv.h"
+#include "common/log.h"
+
+int rdma_pieces_add(struct rdma_pieces *p, const struct rdma_piece *piece)
+{
+    if (p->count == p->cap) {
+        uint32_t cap = p->cap ? 2 * p->cap : 256;
+        struct rdma_piece *list = realloc(p->list, cap * sizeof *list);
+        if (!list)
+            return -1;
+        p->list = list;
+        p->cap = cap;
+    }
+    p->list[p->count++] = *piece;
+    return 0;
+}
+
+/* Idle connections keep a small list only. */
+void rdma_pieces_reset(struct rdma_pieces *p)
+{
+    p->count = 0;
+    if (p->cap > 4096)
+        rdma_pieces_free(p);
+}
+
+void rdma_pieces_free(struct rdma_pieces *p)
+{
+    free(p->list);
+    p->list = NULL;
+    p->count = p->cap = 0;
+}
+
+#ifdef GDRKV_HAVE_VERBS
+
+#define RDMA_POST_MAX_SGE 16
+#define RDMA_POLL_BATCH 32
+
+/* One work request: pieces [first, first + nsge) on QP qp, the seq-th WR
+ * of that QP in this run. */
+struct wr_rec {
+    uint32_t first;
+    uint32_t seq;
+    uint16_t nsge;
+    uint8_t qp;
+};
+
+struct qp_run {
+    uint32_t *wrs;              /* its WRs, indexes into the run's records */
+    uint32_t total;
+    uint32_t posted;
+    uint32_t confirmed;         /* WRs [0, confirmed) are known done */
+    uint32_t unsignalled;       /* posted since the last signalled WR */
+    int dead;
+};
+
+struct run {
+    struct rdma_qps *q;
+    int opcode;
+    const struct rdma_pieces *p;
+    struct wr_rec *recs;
+    uint32_t nrecs;
+    struct qp_run qps[RDMA_MAX_QPS];
+    uint32_t chain, sig_every, max_sge;
+    rdma_fail_fn fail;
+    void *arg;
+    struct rdma_post_stats *stats;
+    int broken;                 /* an error completion: that QP's keys failed */
+    int lost;                   /* a post or poll failed: WRs may be in flight untracked */
+};
+
+static int error_of(enum ibv_wc_status s)
+{
+    switch (s) {
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_LOC_ACCESS_ERR:
+        return GDRKV_E_INVALID;         /* the caller's memory, not the server */
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR:
+        return GDRKV_E_PROTOCOL;        /* the server described memory it doesn't grant */
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_WR_FLUSH_ERR:
+        return GDRKV_E_UNAVAILABLE;
+    default:
+        return GDRKV_E_INTERNAL;
+    }
+}
+
+static void fail_wr(struct run *r, const struct wr_rec *w, int err)
+{
+    for (uint32_t k = 0; k < w->nsge; k++)
+        r->fail(r->arg, r->p->list[w->first + k].key, err);
+}
+
+/* A QP broke: what it had not confirmed, and what it never posted, fails. */
+static void qp_dies(struct run *r, uint32_t j, int err)
+{
+    struct qp_run *qr = &r->qps[j];
+    for (uint32_t s = qr->confirmed; s < qr->total; s++)
+        fail_wr(r, &r->recs[qr->wrs[s]], err);
+    qr->dead = 1;
+    qr->posted = qr->confirmed = qr->total;
+    r->broken = 1;
+}
+
+/* Pieces -> WRs: merges a piece into the previous WR when it continues
+ * the same remote range of the same key. */
+static int plan(struct run *r)
+{
+    const struct rdma_piece *pc = r->p->list;
+    r->recs = malloc((size_t)GK_MAX(r->p->count, 1u) * sizeof *r->recs);
+    if (!r->recs)
+        return -1;
+    r->nrecs = 0;
+    for (uint32_t i = 0; i < r->p->count; i++) {
+        struct wr_rec *last = r->nrecs ? &r->recs[r->nrecs - 1] : NULL;
+        if (last && last->nsge < r->max_sge) {
+            const struct rdma_piece *prev = &pc[last->first + last->nsge - 1];
+            uint64_t wr_len = 0;
+            for (uint32_t k = 0; k < last->nsge; k++)
+                wr_len += pc[last->first + k].len;
+            if (prev->key == pc[i].key && prev->rkey == pc[i].rkey &&
+                prev->remote + prev->len == pc[i].remote && wr_len + pc[i].len <= (1u << 30)) {
+                last->nsge++;
+                continue;
+            }
+        }
+        r->recs[r->nrecs++] = (struct wr_rec){.first = i, .nsge = 1};
+    }
+    /* Blocks of `chain` WRs per QP, round-robin, so each post is one chain. */
+    uint32_t n = r->q->n;
+    uint32_t *order = malloc((size_t)GK_MAX(r->nrecs, 1u) * sizeof *order);
+    if (!order)
+        return -1;
+    uint32_t counts[RDMA_MAX_QPS] = {0};
+    for (uint32_t i = 0; i < r->nrecs; i++) {
+        r->recs[i].qp = (uint8_t)((i / r->chain) % n);
+        counts[r->recs[i].qp]++;
+    }
+    uint32_t at = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        r->qps[j].wrs = order + at;
+        at += counts[j];
+    }
+    for (uint32_t i = 0; i < r->nrecs; i++) {
+        struct qp_run *qr = &r->qps[r->recs[i].qp];
+        r->recs[i].seq = qr->total;
+        qr->wrs[qr->total++] = i;
+    }
+    return 0;
+}
+
+/* Posts the next chain of QP j, as much as its send queue has room for. */
+static void post_chain(struct run *r, uint32_t j)
+{
+    struct qp_run *qr = &r->qps[j];
+    uint32_t room = r->q->sq_depth - (qr->posted - qr->confirmed);
+    uint32_t count = GK_MIN(GK_MIN(r->chain, qr->total - qr->posted), room);
+    if (count == 0)
+        return;
+
+    struct ibv_send_wr wrs[RDMA_POST_CHAIN];
+    struct ibv_sge sges[RDMA_POST_CHAIN * RDMA_POST_MAX_SGE];
+    uint32_t nsge = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        uint32_t s = qr->posted + k;
+        const struct wr_rec *w = &r->recs[qr->wrs[s]];
+        const struct rdma_piece *pc = &r->p->list[w->first];
+        struct ibv_send_wr *wr = &wrs[k];
+        memset(wr, 0, sizeof *wr);
+        wr->wr_id = qr->wrs[s];
+        wr->sg_list = &sges[nsge];
+        wr->num_sge = w->nsge;
+        wr->opcode = (enum ibv_wr_opcode)r->opcode;
+        wr->wr.rdma.remote_addr = pc[0].remote;
+        wr->wr.rdma.rkey = pc[0].rkey;
+        for (uint32_t g = 0; g < w->nsge; g++) {
+            sges[nsge++] = (struct ibv_sge){.addr = pc[g].local, .length = pc[g].len,
+                                            .lkey = pc[g].lkey};
+            r->stats->bytes += pc[g].len;
+        }
+        if (++qr->unsignalled >= r->sig_every || s + 1 == qr->total) {
+            wr->send_flags = IBV_SEND_SIGNALED;
+            qr->unsignalled = 0;
+        }
+        wr->next = k + 1 < count ? &wrs[k + 1] : NULL;
+    }
+    struct ibv_qp *qp = r->q->qp[j];
+    struct ibv_send_wr *bad = NULL;
+    int rc = qp->context->ops.post_send(qp, wrs, &bad);
+    r->stats->posts++;
+    if (rc) {
+        /* The WRs before *bad were posted and may still run: nothing of
+         * this QP can be vouched for, and the connection must go. */
+        GK_WARN("rdma: post_send of %u WRs failed: %s", count, strerror(rc));
+        qp_dies(r, j, GDRKV_E_INTERNAL);
+        r->lost = 1;
+        return;
+    }
+    r->stats->wrs += count;
+    qr->posted += count;
+}
+
+static uint32_t qp_index(const struct run *r, uint32_t qp_num)
+{
+    for (uint32_t j = 0; j < r->q->n; j++)
+        if (r->q->qp[j]->qp_num == qp_num)
+            return j;
+    return UINT32_MAX;
+}
+
+/* Returns the completions taken, or -1 when the CQ itself failed. */
+static int poll_completions(struct run *r)
+{
+    struct ibv_wc wc[RDMA_POLL_BATCH];
+    struct ibv_cq *cq = r->q->cq;
+    int n = cq->context->ops.poll_cq(cq, RDMA_POLL_BATCH, wc);
+    if (n < 0)
+        return -1;
+    r->stats->completions += (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        uint32_t j = qp_index(r, wc[i].qp_num);
+        if (j == UINT32_MAX || wc[i].wr_id >= r->nrecs)
+            continue;           /* not this run's: a QP of ours only carries our WRs */
+        struct qp_run *qr = &r->qps[j];
+        if (qr->dead)
+            continue;           /* the flush of a QP already failed */
+        const struct wr_rec *w = &r->recs[wc[i].wr_id];
+        if (wc[i].status == IBV_WC_SUCCESS) {
+            qr->confirmed = GK_MAX(qr->confirmed, w->seq + 1);
+            continue;
+        }
+        GK_WARN("rdma: %s on QP %u completed with status %d", r->opcode == IBV_WR_RDMA_READ ?
+                "READ" : "WRITE", wc[i].qp_num, (int)wc[i].status);
+        /* An RC queue completes in order: the WRs before this one are done.
+         * This one carries its own error, the ones after it were flushed. */
+        qr->confirmed = GK_MAX(qr->confirmed, w->seq);
+        qp_dies(r, j, GDRKV_E_UNAVAILABLE);
+        fail_wr(r, w, error_of(wc[i].status));
+    }
+    return n;
+}
+
+static int finished(const struct run *r)
+{
+    for (uint32_t j = 0; j < r->q->n; j++)
+        if (r->qps[j].confirmed < r->qps[j].total)
+            return 0;
+    return 1;
+}
+
+int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
+                  uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
+                  struct rdma_post_stats *stats)
+{
+    struct run r = {
+        .q = q, .opcode = opcode, .p = p, .fail = fail, .arg = arg, .stats = stats,
+        .max_sge = GK_MIN(GK_MAX(opcode == IBV_WR_RDMA_READ ? q->max_sge_rd : q->max_sge, 1u),
+                          (uint32_t)RDMA_POST_MAX_SGE),
+    };
+    r.chain = GK_MAX(GK_MIN((uint32_t)RDMA_POST_CHAIN, q->sq_depth / 2), 1u);
+    r.sig_every = GK_MAX(q->sq_depth / 2, 1u);
+    if (p->count == 0)
+        return 0;
+    if (plan(&r)) {
+        free(r.recs);
+        for (uint32_t i = 0; i < p->count; i++)
+            fail(arg, p->list[i].key, GDRKV_E_INTERNAL);
+        return 0;
+    }
+    int rc = 0;
+    while (!finished(&r)) {
+        for (uint32_t j = 0; j < q->n; j++)
+            if (!r.qps[j].dead && r.qps[j].posted < r.qps[j].total)
+                post_chain(&r, j);
+        int n = poll_completions(&r);
+        if (n < 0) {
+            GK_WARN("rdma: polling the CQ failed");
+            for (uint32_t j = 0; j < q->n; j++)
+                if (!r.qps[j].dead)
+                    qp_dies(&r, j, GDRKV_E_INTERNAL);
+            r.lost = 1;
+            break;
+        }
+        if (n == 0 && gk_now_ns() >= deadline_ns) {
+            rc = GDRKV_E_TIMEOUT;
+            break;
+        }
+    }
+    free(r.qps[0].wrs);
+    free(r.recs);
+    return rc ? rc : r.lost ? GDRKV_E_INTERNAL : r.broken ? GDRKV_E_UNAVAILABLE : 0;
+}
+
+#endif

@@ -1,0 +1,291 @@
+/*
+ * server.c - the in-process server's lifecycle (gdrkv.h): options, the
+ * store, the listening sockets (tcp, and unix for the shm transport),
+ * worker threads plus one housekeeping thread
+ * that runs the store's background eviction, and an orderly stop.
+ *
+ * Stopping is one eventfd that every thread polls: written once, never
+ * read, it stays readable until every thread has seen it.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "server.h"
+#include "server_rdma.h"
+#include "store/store.h"
+
+void gdrkv_server_opts_init(gdrkv_server_opts *opts)
+{
+    *opts = (gdrkv_server_opts){
+        .listen = "127.0.0.1:7480",
+        .memory_bytes = 1ull << 30,
+        .workers = 0,
+        .hugepages = -1,
+        .pretouch = 1,
+        .high_watermark = 0.95,
+        .low_watermark = 0.90,
+        .stall_timeout_ms = 30000,
+        .max_connections = 4096,
+        .unix_path = NULL,
+        .lease_timeout_ms = 5000,
+        .rdma = -1,
+    };
+}
+
+static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *err, size_t errlen)
+{
+    const char *bad = NULL;
+
+    if (!o->listen || gk_parse_addr(o->listen, 0, addr) < 0)
+        bad = "listen must be host:port";
+    else if (o->memory_bytes == 0)
+        bad = "memory_bytes must be > 0";
+    else if (o->workers < 0)
+        bad = "workers must be >= 0";
+    else if (o->hugepages < -1 || o->hugepages > 1)
+        bad = "hugepages must be -1, 0 or 1";
+    else if (!(o->low_watermark > 0 && o->low_watermark <= o->high_watermark &&
+               o->high_watermark <= 1))
+        bad = "watermarks need 0 < low <= high <= 1";
+    else if (o->stall_timeout_ms == 0)
+        bad = "stall_timeout_ms must be > 0";
+    else if (o->max_connections == 0)
+        bad = "max_connections must be > 0";
+    else if (o->lease_timeout_ms == 0)
+        bad = "lease_timeout_ms must be > 0";
+    else if (o->rdma < -1 || o->rdma > 1)
+        bad = "rdma must be -1, 0 or 1";
+    else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
+        bad = "unix_path is too long for a unix socket";
+    if (bad)
+        snprintf(err, errlen, "%s", bad);
+    return bad ? GDRKV_E_INVALID : 0;
+}
+
+static int worker_count(int asked)
+{
+    long cpus = asked > 0 ? asked : sysconf(_SC_NPROCESSORS_ONLN);
+    return (int)GK_MAX(1, GK_MIN(cpus, SERVER_MAX_WORKERS));
+}
+
+static void *housekeeping_main(void *arg)
+{
+    struct gdrkv_server *s = arg;
+    struct pollfd wake = {.fd = s->wake_fd, .events = POLLIN};
+
+    while (poll(&wake, 1, SERVER_TICK_MS) <= 0)
+        store_maintain(s->store);
+    return NULL;
+}
+
+/* Server threads block every signal: they belong to the embedding process
+ * (Python handles SIGINT on its main thread), and sockets use MSG_NOSIGNAL. */
+static int start_threads(struct gdrkv_server *s)
+{
+    sigset_t all, old;
+    int rc = 0;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    while (rc == 0 && s->nthreads < s->nworkers) {
+        struct server_worker *w = &s->workers[s->nthreads];
+        rc = pthread_create(&w->thread, NULL, server_worker_main, w);
+        if (rc == 0)
+            s->nthreads++;
+    }
+    if (rc == 0) {
+        rc = pthread_create(&s->housekeeper, NULL, housekeeping_main, s);
+        s->housekeeper_running = rc == 0;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+/* The shm listener. Asked for by path, it must work; the default is best
+ * effort, since tcp serves every client anyway. */
+static int listen_unix(struct gdrkv_server *s, const char *asked, char *err, size_t errlen)
+{
+    char why[300];
+    uint16_t port = (uint16_t)strtoul(strrchr(s->address, ':') + 1, NULL, 10);
+
+    if (asked && !*asked)
+        return 0;
+    if (store_pool_fd(s->store) < 0) {
+        if (!asked)
+            return 0;
+        snprintf(err, errlen, "the pool can't be shared (see the log), so no shm on %s", asked);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    if (!asked && gk_unix_default_path(port, s->unix_path, sizeof s->unix_path) != 0) {
+        GK_WARN("no shm transport: the default unix socket path is too long");
+        return 0;
+    }
+    if (asked)
+        snprintf(s->unix_path, sizeof s->unix_path, "%s", asked);
+    int fd = gk_listen_unix(s->unix_path, SOMAXCONN, why, sizeof why);
+    if (fd < 0) {
+        s->unix_path[0] = '\0';
+        if (asked) {
+            snprintf(err, errlen, "%s", why);
+            return fd;
+        }
+        GK_WARN("no shm transport: %s", why);
+        return 0;
+    }
+    s->unix_fd = fd;
+    return 0;
+}
+
+/* Tears down whatever part of the server exists; also the error path of start. */
+static void server_free(struct gdrkv_server *s)
+{
+    if (s->wake_fd >= 0)
+        eventfd_write(s->wake_fd, 1);
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->workers[i].thread, NULL);
+    if (s->housekeeper_running)
+        pthread_join(s->housekeeper, NULL);
+    for (int i = 0; i < s->nworkers; i++)
+        server_worker_destroy(&s->workers[i]);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        unlink(s->unix_path);
+    }
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    server_rdma_stop(s);
+    if (s->store)
+        store_close(s->store);
+    free(s);
+}
+
+int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *err, size_t errlen)
+{
+    char unused[1];
+    struct gk_addr addr;
+    struct gdrkv_server *s;
+    int rc;
+
+    if (!err || errlen == 0)
+        err = unused, errlen = sizeof unused;
+    if (!opts || !out) {
+        snprintf(err, errlen, "opts and out are required");
+        return GDRKV_E_INVALID;
+    }
+    rc = check_opts(opts, &addr, err, errlen);
+    if (rc)
+        return rc;
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return GDRKV_E_INTERNAL;
+    }
+    s->listen_fd = s->unix_fd = s->wake_fd = -1;
+    s->stall_timeout_ms = opts->stall_timeout_ms;
+    s->lease_timeout_ms = opts->lease_timeout_ms;
+    s->max_connections = opts->max_connections;
+    s->started_ns = gk_now_ns();
+
+    struct store_opts so = {
+        .memory_bytes = opts->memory_bytes,
+        .hugepages = opts->hugepages,
+        .pretouch = opts->pretouch,
+        .high_watermark = opts->high_watermark,
+        .low_watermark = opts->low_watermark,
+    };
+    rc = store_open(&s->store, &so, err, errlen);
+    if (rc) {
+        s->store = NULL;
+        goto fail;
+    }
+    rc = server_rdma_start(s, opts->rdma, err, errlen);
+    if (rc)
+        goto fail;
+    s->listen_fd = gk_listen_tcp(&addr, SOMAXCONN, err, errlen);
+    if (s->listen_fd < 0) {
+        rc = s->listen_fd;
+        goto fail;
+    }
+    gk_sock_name(s->listen_fd, s->address, sizeof s->address);
+    rc = listen_unix(s, opts->unix_path, err, errlen);
+    if (rc)
+        goto fail;
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0) {
+        rc = GDRKV_E_INTERNAL;
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    for (int want = worker_count(opts->workers); s->nworkers < want; s->nworkers++) {
+        if (server_worker_init(&s->workers[s->nworkers], s) < 0) {
+            rc = GDRKV_E_INTERNAL;
+            snprintf(err, errlen, "cannot set up worker %d: %s", s->nworkers, strerror(errno));
+            goto fail;
+        }
+    }
+    if (start_threads(s) != 0) {
+        rc = GDRKV_E_INTERNAL;
+        snprintf(err, errlen, "cannot start the server's threads");
+        goto fail;
+    }
+
+    struct store_stats st;
+    store_get_stats(s->store, &st);
+    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers, rdma %s",
+            s->address, s->unix_fd >= 0 ? " and " : "", s->unix_path,
+            (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers,
+            s->rdma ? "on" : "off");
+    *out = s;
+    return 0;
+
+fail:
+    server_free(s);
+    return rc;
+}
+
+int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len)
+{
+    if (!s || !buf)
+        return GDRKV_E_INVALID;
+    int n = snprintf(buf, len, "%s", s->address);
+    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+}
+
+int gdrkv_server_unix_path(gdrkv_server *s, char *buf, size_t len)
+{
+    if (!s || !buf)
+        return GDRKV_E_INVALID;
+    int n = snprintf(buf, len, "%s", s->unix_path);
+    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+}
+
+int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len)
+{
+    struct gk_text t;
+
+    if (!s || !buf || len == 0)
+        return GDRKV_E_INVALID;
+    gk_text_init(&t, buf, len);
+    server_stats_text(s, &t);
+    return gk_text_finish(&t);
+}
+
+void gdrkv_server_stop(gdrkv_server *s)
+{
+    if (!s)
+        return;
+    GK_INFO("server on %s stopping", s->address);
+    server_free(s);
+}

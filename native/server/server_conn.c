@@ -1,0 +1,464 @@
+/*
+ * server_conn.c - see server_conn.h.
+ *
+ * Reads take exactly the bytes of the current frame part (header, body,
+ * payload), never more, so a pipelined next frame stays in the socket
+ * until this one's response is written. Epoll is level-triggered: the
+ * connection listens for EPOLLIN while reading and for EPOLLOUT only while
+ * a response is blocked on a full socket.
+ */
+#include "server_conn.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/log.h"
+#include "server_ops.h"
+#include "server_rdma.h"
+
+/* Steps one event may run before the worker moves on to other connections. */
+#define CONN_STEPS_PER_EVENT 64
+/* Buffers above this are freed after their frame instead of being kept
+ * for the next one, so pooled idle connections stay small. */
+#define CONN_KEEP_BYTES (256u << 10)
+
+enum step {
+    STEP_CLOSE = -1,    /* the connection is finished */
+    STEP_WAIT = 0,      /* the socket has nothing more for now */
+    STEP_MORE = 1       /* progress made; run the next step */
+};
+
+int server_conn_open(struct server_worker *w, int fd, int local)
+{
+    struct server_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return -1;
+    c->fd = fd;
+    c->worker = w;
+    c->local = local;
+    c->pass_fd = -1;
+    c->events = EPOLLIN;
+    c->last_progress_ns = gk_now_ns();
+    struct epoll_event ev = {.events = c->events, .data.ptr = c};
+    if (epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        free(c);
+        return -1;
+    }
+    c->next = w->conns;
+    if (w->conns)
+        w->conns->prev = c;
+    w->conns = c;
+    return 0;
+}
+
+void server_conn_close(struct server_conn *c)
+{
+    struct server_worker *w = c->worker;
+
+    /* QPs first: nothing may reach the pool once pins and reservations go. */
+    server_rdma_conn_destroy(c);
+    server_ops_release(c);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    /* Gives back the slot the worker took for this connection at accept. */
+    __atomic_fetch_sub(&w->server->connections, 1, __ATOMIC_RELAXED);
+    free(c->body);
+    free(c->out);
+    free(c->batch.entries);
+    free(c);
+}
+
+void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns)
+{
+    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma;
+    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
+        return;
+    GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
+             c->lease_count);
+    server_ops_release(c);
+    c->lease_expired = 1;
+    gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
+}
+
+int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
+{
+    int mid_frame = c->state != CONN_READ_HDR || c->hdr_got > 0;
+    uint64_t limit_ns = (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull;
+    return mid_frame && now_ns - c->last_progress_ns >= limit_ns;
+}
+
+/* ------------------------------------------------------------ buffers */
+
+static int grow(uint8_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    uint8_t *p = realloc(*buf, need);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = need;
+    return 0;
+}
+
+/* One allocation holds the four arrays, ordered so each stays aligned. */
+static int batch_reserve(struct server_batch *b, uint32_t n)
+{
+    if (n <= b->cap)
+        return 0;
+    size_t per_key = sizeof *b->entries + sizeof *b->objs + sizeof *b->sizes + sizeof *b->status;
+    uint8_t *p = malloc((size_t)n * per_key);
+    if (!p)
+        return -1;
+    free(b->entries);
+    b->cap = n;
+    b->entries = (struct gk_entry *)p;
+    b->objs = (struct store_obj **)(b->entries + n);
+    b->sizes = (uint64_t *)(b->objs + n);
+    b->status = (int32_t *)(b->sizes + n);
+    return 0;
+}
+
+static void shrink(uint8_t **buf, size_t *cap)
+{
+    if (*cap > CONN_KEEP_BYTES) {
+        free(*buf);
+        *buf = NULL;
+        *cap = 0;
+    }
+}
+
+uint8_t *server_conn_response(struct server_conn *c, int32_t status, uint32_t count,
+                              uint32_t body_len, uint64_t payload_len)
+{
+    if (grow(&c->out, &c->out_cap, GK_HDR_SIZE + (size_t)body_len) < 0)
+        return NULL;
+    struct gk_hdr h = {
+        .magic = GK_MAGIC,
+        .version = GK_VERSION,
+        .opcode = c->req.opcode | GK_OP_RESPONSE,
+        .status = status,
+        .count = count,
+        .body_len = body_len,
+        .payload_len = payload_len,
+        .req_id = c->req.req_id,
+    };
+    gk_hdr_encode(&h, c->out);
+    c->out_len = GK_HDR_SIZE + (size_t)body_len;
+    c->out_sent = 0;
+    return c->out + GK_HDR_SIZE;
+}
+
+int server_conn_error(struct server_conn *c, int32_t code, const char *msg, size_t len)
+{
+    uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
+    if (!body)
+        return GDRKV_E_INTERNAL;
+    memcpy(body, msg, len);
+    return 0;
+}
+
+/* ------------------------------------------------------------ frames */
+
+/* Answers the current frame with an error status and a message, then goes
+ * on reading (keep) or closes once it is written. Every rejected frame is
+ * logged at debug level only, so a fuzzer can't flood the log. */
+static enum step reject(struct server_conn *c, int code, int keep, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static enum step reject(struct server_conn *c, int code, int keep, const char *fmt, ...)
+{
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    len = GK_MIN(GK_MAX(len, 0), (int)sizeof msg - 1);
+
+    gk_counter_add(&c->worker->counters.frames_bad, 1);
+    GK_DEBUG("fd %d: frame rejected (%s): %s", c->fd, gdrkv_strerror(code), msg);
+    if (server_conn_error(c, code, msg, (size_t)len))
+        return STEP_CLOSE;
+    c->close_after_write = !keep;
+    c->state = CONN_WRITE;
+    return STEP_MORE;
+}
+
+static enum step execute(struct server_conn *c)
+{
+    if (server_ops_execute(c) < 0)
+        return STEP_CLOSE;
+    c->frame_executed = 1;
+    c->state = c->req.opcode == GK_OP_PUT ? CONN_READ_PAYLOAD : CONN_WRITE;
+    return STEP_MORE;
+}
+
+/* In-place ops need a peer that can reach the pool: a local one that
+ * mapped it (shm), or one with QPs (rdma). */
+static int op_allowed(const struct server_conn *c, uint8_t op)
+{
+    switch (op) {
+    case GK_OP_HELLO: return c->local;
+    case GK_OP_LEASE:
+    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
+    case GK_OP_RESERVE: return server_rdma_conn_active(c);
+    case GK_OP_COMMIT: return c->rdma != NULL;   /* killed QPs: COMMIT learns it */
+    default: return 1;
+    }
+}
+
+static enum step on_header(struct server_conn *c)
+{
+    struct gk_hdr *h = &c->req;
+
+    gk_hdr_decode(c->hdr_raw, h);
+    c->frame_start_ns = gk_now_ns();
+    /* A client that moves on without RELEASE (COMMIT) is done with its
+     * lease (reservations); this also frees the batch arrays for the new
+     * frame. A COMMIT must cover exactly the reserved keys. */
+    if (h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
+        h->count != c->lease_count)
+        return reject(c, GDRKV_E_PROTOCOL, 0, "commit of %u keys, %u reserved", h->count,
+                      c->lease_count);
+    if (h->opcode != GK_OP_RELEASE && h->opcode != GK_OP_COMMIT) {
+        server_ops_release(c);
+        c->lease_expired = 0;
+    }
+    int rc = gk_check_request_hdr(h);
+    if (rc == GDRKV_E_PROTOCOL && h->magic != GK_MAGIC) {
+        /* Not our protocol at all: nothing we send would be understood. */
+        gk_counter_add(&c->worker->counters.frames_bad, 1);
+        GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
+        return STEP_CLOSE;
+    }
+    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !op_allowed(c, h->opcode))) {
+        /* Lengths were checked before the opcode, so skipping is bounded. */
+        c->skip_left = h->body_len + h->payload_len;
+        c->state = CONN_SKIP;
+        return STEP_MORE;
+    }
+    if (rc == GDRKV_E_TOO_LARGE)
+        return reject(c, rc, 0, "frame over a protocol limit: count %u, body_len %u, "
+                      "payload_len %llu",
+                      h->count, h->body_len, (unsigned long long)h->payload_len);
+    if (rc)
+        return reject(c, rc, 0, "inconsistent %s header: count %u, body_len %u, payload_len %llu",
+                      gk_op_name(h->opcode), h->count, h->body_len,
+                      (unsigned long long)h->payload_len);
+
+    /* The limits just checked bound both allocations. The batch arrays are
+     * never empty, so even a zero-key request hands the store real arrays. */
+    if (grow(&c->body, &c->body_cap, h->body_len) < 0 ||
+        batch_reserve(&c->batch, GK_MAX(h->count, 1u)) < 0)
+        return STEP_CLOSE;
+    c->body_got = 0;
+    c->state = CONN_READ_BODY;
+    return STEP_MORE;
+}
+
+static enum step on_body(struct server_conn *c)
+{
+    if (gk_op_is_keyed(c->req.opcode)) {
+        int rc = gk_parse_request_body(&c->req, c->body, &c->ns, c->batch.entries);
+        if (rc)
+            return reject(c, rc, 0, "malformed %s body", gk_op_name(c->req.opcode));
+        memset(c->batch.sizes, 0, c->req.count * sizeof *c->batch.sizes);
+    }
+    return execute(c);
+}
+
+/* The response is fully written: let go of the frame (a LEASE keeps its
+ * pins, see server_ops_frame_done). */
+static enum step on_written(struct server_conn *c)
+{
+    struct server_worker *w = c->worker;
+
+    server_ops_frame_done(c);
+    if (c->frame_executed)
+        server_count_op(&w->counters, c->req.opcode, c->req.count,
+                        (gk_now_ns() - c->frame_start_ns) / 1000);
+    if (c->close_after_write)
+        return STEP_CLOSE;
+    shrink(&c->body, &c->body_cap);
+    shrink(&c->out, &c->out_cap);
+    c->frame_executed = 0;
+    c->payload = (struct server_payload){0};
+    c->hdr_got = 0;
+    c->state = CONN_READ_HDR;
+    return STEP_MORE;
+}
+
+/* ------------------------------------------------------------ socket I/O */
+
+/* Turns a recv/readv/sendmsg result into bytes moved (> 0), 0 when the
+ * socket would block, or -1 when the peer is gone (EOF, reset, error). */
+static ssize_t moved(struct server_conn *c, ssize_t n)
+{
+    if (n > 0) {
+        c->last_progress_ns = gk_now_ns();
+        return n;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n < 0)
+        GK_DEBUG("fd %d: %s", c->fd, strerror(errno));
+    return -1;
+}
+
+static enum step step_of(ssize_t n)
+{
+    return n > 0 ? STEP_MORE : n == 0 ? STEP_WAIT : STEP_CLOSE;
+}
+
+static enum step read_header(struct server_conn *c)
+{
+    ssize_t n = moved(c, recv(c->fd, c->hdr_raw + c->hdr_got, GK_HDR_SIZE - c->hdr_got, 0));
+    if (n <= 0)
+        return step_of(n);
+    c->hdr_got += (uint32_t)n;
+    return c->hdr_got == GK_HDR_SIZE ? on_header(c) : STEP_MORE;
+}
+
+static enum step read_body(struct server_conn *c)
+{
+    if (c->body_got < c->req.body_len) {
+        ssize_t n = moved(c, recv(c->fd, c->body + c->body_got, c->req.body_len - c->body_got, 0));
+        if (n <= 0)
+            return step_of(n);
+        c->body_got += (uint32_t)n;
+    }
+    return c->body_got == c->req.body_len ? on_body(c) : STEP_MORE;
+}
+
+static enum step skip_frame(struct server_conn *c)
+{
+    if (c->skip_left > 0) {
+        size_t want = (size_t)GK_MIN(c->skip_left, (uint64_t)SERVER_SCRATCH_SIZE);
+        ssize_t n = moved(c, recv(c->fd, c->worker->scratch, want, 0));
+        if (n <= 0)
+            return step_of(n);
+        c->skip_left -= (uint64_t)n;
+    }
+    if (c->skip_left > 0)
+        return STEP_MORE;
+    return reject(c, GDRKV_E_UNSUPPORTED, 1, "unsupported version %u or opcode %u",
+                  c->req.version, c->req.opcode);
+}
+
+static enum step read_payload(struct server_conn *c)
+{
+    struct server_worker *w = c->worker;
+
+    if (c->payload.left > 0) {
+        struct iovec iov[IOV_MAX];
+        int cnt = server_payload_iov(&c->payload, w->scratch, SERVER_SCRATCH_SIZE, iov, IOV_MAX);
+        ssize_t n = moved(c, readv(c->fd, iov, cnt));
+        if (n <= 0)
+            return step_of(n);
+        server_payload_advance(&c->payload, (uint64_t)n);
+        gk_counter_add(&w->counters.bytes_in, (uint64_t)n);
+    }
+    if (c->payload.left > 0)
+        return STEP_MORE;
+    if (server_ops_finish_put(c) < 0)
+        return STEP_CLOSE;
+    c->state = CONN_WRITE;
+    return STEP_MORE;
+}
+
+/* SCM_RIGHTS: the peer receives its own descriptor of the same file. */
+static void attach_fd(struct msghdr *msg, char *buf, size_t len, int fd)
+{
+    msg->msg_control = buf;
+    msg->msg_controllen = len;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+}
+
+static enum step write_response(struct server_conn *c)
+{
+    struct iovec iov[IOV_MAX];
+    int cnt = 0;
+    size_t head_left = c->out_len - c->out_sent;
+
+    if (head_left > 0)
+        iov[cnt++] = (struct iovec){.iov_base = c->out + c->out_sent, .iov_len = head_left};
+    cnt += server_payload_iov(&c->payload, NULL, 0, iov + cnt, IOV_MAX - cnt);
+    if (cnt > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        if (c->pass_fd >= 0)
+            attach_fd(&msg, control.buf, sizeof control.buf, c->pass_fd);
+        ssize_t n = moved(c, sendmsg(c->fd, &msg, MSG_NOSIGNAL));
+        if (n <= 0)
+            return step_of(n);
+        c->pass_fd = -1;    /* it went with the first byte */
+        size_t head = GK_MIN((size_t)n, head_left);
+        c->out_sent += head;
+        server_payload_advance(&c->payload, (uint64_t)n - head);
+        gk_counter_add(&c->worker->counters.bytes_out, (uint64_t)n - head);
+    }
+    if (c->out_sent < c->out_len || c->payload.left > 0)
+        return STEP_MORE;
+    return on_written(c);
+}
+
+static enum step run_step(struct server_conn *c)
+{
+    switch (c->state) {
+    case CONN_READ_HDR: return read_header(c);
+    case CONN_READ_BODY: return read_body(c);
+    case CONN_SKIP: return skip_frame(c);
+    case CONN_READ_PAYLOAD: return read_payload(c);
+    case CONN_WRITE: return write_response(c);
+    }
+    return STEP_CLOSE;
+}
+
+static int listen_for(struct server_conn *c, uint32_t events)
+{
+    if (c->events == events)
+        return 0;
+    struct epoll_event ev = {.events = events, .data.ptr = c};
+    if (epoll_ctl(c->worker->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+        return -1;
+    c->events = events;
+    return 0;
+}
+
+void server_conn_on_event(struct server_conn *c)
+{
+    enum step s = STEP_MORE;
+
+    for (int i = 0; i < CONN_STEPS_PER_EVENT && s == STEP_MORE; i++)
+        s = run_step(c);
+    if (s == STEP_CLOSE || listen_for(c, c->state == CONN_WRITE ? EPOLLOUT : EPOLLIN) < 0) {
+        server_conn_close(c);
+        return;
+    }
+    /* Stopped by the bound, not by the socket: what was already read (a
+     * whole request of a client that pipelines, say) would otherwise wait
+     * for an event that never comes. */
+    c->runnable = s == STEP_MORE;
+    c->worker->runnable |= c->runnable;
+}

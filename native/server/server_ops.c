@@ -1,0 +1,343 @@
+/*
+ * server_ops.c - see server_ops.h. Each keyed op is one store batch call;
+ * the store takes its lock once per call, never once per key.
+ */
+#include "server_ops.h"
+
+#include <string.h>
+
+#include "common/common.h"
+#include "server_conn.h"
+#include "server_rdma.h"
+#include "store/store.h"
+
+static struct store *store_of(struct server_conn *c)
+{
+    return c->worker->server->store;
+}
+
+/* One result per key; sizes may be NULL when every size is 0. */
+static int respond_results(struct server_conn *c, uint32_t n, const int32_t *status,
+                           const uint64_t *sizes, uint64_t payload_len)
+{
+    uint8_t *body = server_conn_response(c, 0, n, n * GK_RESULT_SIZE, payload_len);
+    if (!body)
+        return GDRKV_E_INTERNAL;
+    for (uint32_t i = 0; i < n; i++)
+        gk_result_encode(body + (size_t)i * GK_RESULT_SIZE, status[i], sizes ? sizes[i] : 0);
+    return 0;
+}
+
+static int op_stats(struct server_conn *c)
+{
+    char text[SERVER_STATS_MAX];
+    struct gk_text t;
+
+    gk_text_init(&t, text, sizeof text);
+    server_stats_text(c->worker->server, &t);
+    int len = gk_text_finish(&t);
+    uint8_t *body = server_conn_response(c, 0, 0, (uint32_t)len, 0);
+    if (!body)
+        return GDRKV_E_INTERNAL;
+    memcpy(body, text, (size_t)len);
+    return 0;
+}
+
+static int op_exists(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    store_exists_batch(store_of(c), &c->ns, b->entries, c->req.count, b->status, b->sizes);
+    return respond_results(c, c->req.count, b->status, b->sizes, 0);
+}
+
+/* Pins the request's objects for reading (GET and LEASE); an object larger
+ * than the client's destination is answered with its size only, and let go
+ * at once. Returns the bytes of the objects that stay pinned. */
+static uint64_t pin_for_read(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint64_t bytes = 0;
+
+    store_pin_batch(s, &c->ns, b->entries, c->req.count, 1, b->objs, b->status, b->sizes);
+    c->holds = CONN_HOLDS_PINS;
+    for (uint32_t i = 0; i < c->req.count; i++) {
+        if (!b->objs[i])
+            continue;
+        if (b->sizes[i] > b->entries[i].size) {
+            store_unpin_batch(s, &b->objs[i], 1);
+            b->objs[i] = NULL;
+            b->status[i] = GDRKV_E_TOO_SMALL;
+        } else {
+            bytes += b->sizes[i];
+        }
+    }
+    return bytes;
+}
+
+/* The objects stay pinned until their bytes are written. */
+static int op_get(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+    uint64_t payload_len = pin_for_read(c);
+
+    server_payload_start(&c->payload, store_base(store_of(c)), b->entries, b->objs, n, 0,
+                         payload_len);
+    return respond_results(c, n, b->status, b->sizes, payload_len);
+}
+
+/* ------------------------------------------------------------ shm */
+
+/* Tells a local client which memfd holds the pool (its size as the one
+ * result); the fd goes with the response. */
+static int op_hello(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    int32_t status = 0;
+    uint64_t size = store_capacity(s);
+
+    c->pass_fd = store_pool_fd(s);
+    return respond_results(c, 1, &status, &size, 0);
+}
+
+/* Bytes the chunk list of a leased object takes in the response. */
+static uint64_t lease_entry_len(const struct store_obj *o)
+{
+    uint32_t nchunks;
+    store_obj_chunks(o, &nchunks);
+    return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
+}
+
+/* Answers LEASE and RESERVE: the results, then the chunk list of every
+ * object held (pinned or reserved). Capacities are only bounded per key,
+ * so many huge objects could need more chunk entries than a body may
+ * hold: then everything is let go and the frame refused. */
+static int respond_chunk_lists(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE;
+
+    for (uint32_t i = 0; i < n; i++) {
+        if (b->objs[i])
+            body_len += lease_entry_len(b->objs[i]);
+    }
+    if (body_len > GK_MAX_BODY) {
+        server_ops_release(c);
+        static const char msg[] = "the objects' chunk lists exceed the body limit";
+        return server_conn_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
+    }
+    uint8_t *p = server_conn_response(c, 0, n, (uint32_t)body_len, 0);
+    if (!p)
+        return GDRKV_E_INTERNAL;
+    for (uint32_t i = 0; i < n; i++, p += GK_RESULT_SIZE)
+        gk_result_encode(p, b->status[i], b->sizes[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t nchunks;
+        if (!b->objs[i])
+            continue;
+        const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
+        gk_store32(p, nchunks);
+        gk_store32(p + 4, 0);
+        p += GK_LEASE_OBJ_SIZE;
+        for (uint32_t k = 0; k < nchunks; k++, p += GK_LEASE_CHUNK_SIZE) {
+            gk_store64(p, ch[k].off);
+            gk_store64(p + 8, ch[k].len);
+        }
+    }
+    return 0;
+}
+
+/* A GET answered with where the objects are instead of their bytes: the
+ * client copies (shm) or READs (rdma) them out of the pool while they stay
+ * pinned (server_ops_frame_done turns the pins into the connection's
+ * lease). */
+static int op_lease(struct server_conn *c)
+{
+    uint64_t bytes = pin_for_read(c);
+    int rc = respond_chunk_lists(c);
+    c->lease_bytes = bytes;
+    if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
+        struct server_counters *k = &c->worker->counters;
+        gk_counter_add(c->local ? &k->shm_leases : &k->rdma_leases, 1);
+        gk_counter_add(c->local ? &k->shm_lease_bytes : &k->rdma_lease_bytes, bytes);
+    }
+    return rc;
+}
+
+/* Ends the lease. Status 0 promises the objects stayed pinned from the
+ * LEASE answer until now, so what the client copied was theirs. */
+static int op_release(struct server_conn *c)
+{
+    int32_t status = c->holds == CONN_HOLDS_LEASE ? 0
+                     : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+    server_ops_release(c);
+    c->lease_expired = 0;
+    return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+}
+
+/* ------------------------------------------------------------ put */
+
+/* Reserves room for the values; the connection then reads the payload
+ * straight into it (server_ops_finish_put answers once it is all there). */
+static int op_put(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+
+    store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
+    c->holds = CONN_HOLDS_RESERVATIONS;
+    server_payload_start(&c->payload, store_base(s), b->entries, b->objs, c->req.count, 1,
+                         c->req.payload_len);
+    return 0;
+}
+
+int server_ops_finish_put(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+
+    store_commit_batch(store_of(c), b->objs, n);
+    c->holds = CONN_HOLDS_NOTHING;
+    /* Put-if-absent: a key someone else already stored is a success. */
+    for (uint32_t i = 0; i < n; i++)
+        if (b->status[i] == STORE_PRESENT)
+            b->status[i] = 0;
+    return respond_results(c, n, b->status, NULL, 0);
+}
+
+/* ------------------------------------------------------------ rdma put */
+
+/* A PUT whose values the client will RDMA-WRITE into the reserved chunks
+ * before COMMIT; the sizes answered are the value sizes. */
+static int op_reserve(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint64_t bytes = 0;
+
+    store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
+    c->holds = CONN_HOLDS_RESERVATIONS;
+    for (uint32_t i = 0; i < c->req.count; i++) {
+        b->sizes[i] = b->objs[i] ? b->entries[i].size : 0;
+        bytes += b->sizes[i];
+    }
+    int rc = respond_chunk_lists(c);
+    c->lease_bytes = bytes;
+    if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS)
+        gk_counter_add(&c->worker->counters.rdma_reserved_bytes, bytes);
+    return rc;
+}
+
+/* Publishes the reserved objects the client says it wrote, drops the
+ * others. The client has seen every WRITE complete before sending it. */
+static int op_commit(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+
+    if (c->holds != CONN_HOLDS_RESERVATIONS) {
+        /* Expired: the QPs are dead too, so this connection is done. */
+        c->close_after_write = 1;
+        int32_t status = c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+        c->lease_expired = 0;
+        return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (b->objs[i] && c->body[i] != 1) {
+            /* The client says this key's bytes did not all arrive; a WRITE
+             * of it may still be coming, so the QPs stop before the room
+             * is given back, and the connection ends after this answer. */
+            server_rdma_conn_kill(c);
+            c->close_after_write = 1;
+            store_abort_batch(s, &b->objs[i], 1);
+            b->objs[i] = NULL;
+            b->status[i] = GDRKV_E_INVALID;
+        }
+    }
+    store_commit_batch(s, b->objs, n);
+    c->holds = CONN_HOLDS_NOTHING;
+    c->reserved_for_rdma = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (b->status[i] == STORE_PRESENT)
+            b->status[i] = 0;
+    return respond_results(c, n, b->status, NULL, 0);
+}
+
+static int op_delete(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+    store_delete_batch(store_of(c), &c->ns, b->entries, c->req.count, b->status);
+    return respond_results(c, c->req.count, b->status, NULL, 0);
+}
+
+static int op_clear(struct server_conn *c)
+{
+    int32_t status = 0;
+    uint64_t removed = store_clear_ns(store_of(c), &c->ns);
+    return respond_results(c, 1, &status, &removed, 0);
+}
+
+int server_ops_execute(struct server_conn *c)
+{
+    switch (c->req.opcode) {
+    case GK_OP_PING: return server_conn_response(c, 0, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+    case GK_OP_STATS: return op_stats(c);
+    case GK_OP_EXISTS: return op_exists(c);
+    case GK_OP_GET: return op_get(c);
+    case GK_OP_PUT: return op_put(c);
+    case GK_OP_DELETE: return op_delete(c);
+    case GK_OP_CLEAR: return op_clear(c);
+    case GK_OP_HELLO: return op_hello(c);
+    case GK_OP_LEASE: return op_lease(c);
+    case GK_OP_RELEASE: return op_release(c);
+    case GK_OP_RDMA_HELLO: return server_rdma_hello(c);
+    case GK_OP_RESERVE: return op_reserve(c);
+    case GK_OP_COMMIT: return op_commit(c);
+    }
+    return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
+}
+
+void server_ops_frame_done(struct server_conn *c)
+{
+    /* The timeout, plus 1 ms per MiB held: a batch of tens of GiB moving at
+     * 1 GB/s or more is never cut off, a client that went away still is. */
+    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+                        (c->lease_bytes >> 20) * 1000000ull;
+
+    if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
+        c->holds = CONN_HOLDS_LEASE;
+        c->lease_count = c->req.count;
+        c->lease_deadline_ns = deadline;
+        return;
+    }
+    /* RESERVE's reservations wait for the client's WRITEs and COMMIT. */
+    if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
+        c->lease_count = c->req.count;
+        c->lease_deadline_ns = deadline;
+        c->reserved_for_rdma = 1;
+        return;
+    }
+    server_ops_release(c);
+}
+
+void server_ops_release(struct server_conn *c)
+{
+    struct server_batch *b = &c->batch;
+
+    if (c->holds == CONN_HOLDS_PINS)
+        store_unpin_batch(store_of(c), b->objs, c->req.count);
+    else if (c->holds == CONN_HOLDS_LEASE)
+        store_unpin_batch(store_of(c), b->objs, c->lease_count);
+    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma) {
+        /* The client may still be writing into them: stop its QPs first. */
+        server_rdma_conn_kill(c);
+        store_abort_batch(store_of(c), b->objs, c->lease_count);
+    } else if (c->holds == CONN_HOLDS_RESERVATIONS) {
+        store_abort_batch(store_of(c), b->objs, c->req.count);
+    }
+    c->holds = CONN_HOLDS_NOTHING;
+    c->reserved_for_rdma = 0;
+}

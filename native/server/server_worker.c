@@ -1,0 +1,187 @@
+/*
+ * server_worker.c - a worker thread: its own epoll instance holding the
+ * shared listening sockets, tcp and unix (EPOLLEXCLUSIVE, so one worker
+ * wakes per new connection), the stop eventfd, and the connections it accepted. It wakes
+ * at least every SERVER_TICK_MS to close connections that stalled mid-frame.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "server.h"
+#include "server_conn.h"
+
+#define WORKER_EVENTS 256
+/* Accepts per wakeup, so a burst of connections spreads over the workers. */
+#define WORKER_ACCEPTS 32
+
+/* epoll data of the fds that are not connections */
+static char listen_token, unix_token, wake_token;
+
+static int watch(struct server_worker *w, int fd, void *token)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = token};
+    /* EEXIST: still watched from before a pause that half failed. */
+    if (fd < 0 || epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0 || errno == EEXIST)
+        return 0;
+    return -1;
+}
+
+static int watch_listeners(struct server_worker *w)
+{
+    struct gdrkv_server *s = w->server;
+    if (watch(w, s->listen_fd, &listen_token) < 0 || watch(w, s->unix_fd, &unix_token) < 0)
+        return -1;
+    w->accepting = 1;
+    return 0;
+}
+
+/* Out of file descriptors: the listeners would stay readable and spin the
+ * loop, so leave them alone until the next tick. */
+static void pause_accepting(struct server_worker *w, int err)
+{
+    struct gdrkv_server *s = w->server;
+
+    GK_WARN("accept: %s; pausing for %d ms", strerror(err), SERVER_TICK_MS);
+    epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->listen_fd, NULL);
+    if (s->unix_fd >= 0)
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->unix_fd, NULL);
+    w->accepting = 0;
+}
+
+void server_worker_destroy(struct server_worker *w)
+{
+    if (w->epoll_fd >= 0)
+        close(w->epoll_fd);
+    free(w->scratch);
+}
+
+int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
+{
+    struct epoll_event wake = {.events = EPOLLIN, .data.ptr = &wake_token};
+
+    w->server = s;
+    w->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    w->scratch = malloc(SERVER_SCRATCH_SIZE);
+    if (w->epoll_fd < 0 || !w->scratch ||
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0 || watch_listeners(w) < 0) {
+        int saved = errno;
+        server_worker_destroy(w);
+        errno = saved;
+        return -1;
+    }
+    return 0;
+}
+
+/* local: connections on the unix socket, which may use shm. */
+static void accept_connections(struct server_worker *w, int listen_fd, int local)
+{
+    struct gdrkv_server *s = w->server;
+
+    for (int i = 0; i < WORKER_ACCEPTS; i++) {
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                pause_accepting(w, errno);
+            return;     /* EAGAIN: the queue is empty, or another worker was quicker */
+        }
+        if (local && !gk_peer_is_us(fd)) {
+            gk_counter_add(&w->counters.shm_connections_refused, 1);
+            close(fd);
+            GK_WARN("unix connection from another user refused");
+            continue;
+        }
+        /* Take a slot; server_conn_close gives it back. */
+        if (__atomic_fetch_add(&s->connections, 1, __ATOMIC_RELAXED) >= s->max_connections) {
+            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+            gk_counter_add(&w->counters.connections_rejected, 1);
+            close(fd);
+            GK_DEBUG("connection refused: max_connections %u reached", s->max_connections);
+            continue;
+        }
+        if (!local)
+            gk_set_nodelay(fd);
+        if (server_conn_open(w, fd, local) < 0) {
+            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+            close(fd);
+            GK_WARN("cannot set up a connection: %s", strerror(errno));
+            continue;
+        }
+        gk_counter_add(&w->counters.connections_total, 1);
+        gk_counter_add(&w->counters.shm_connections_total, (uint64_t)local);
+    }
+}
+
+static void tick(struct server_worker *w, uint64_t now_ns)
+{
+    struct server_conn *c = w->conns;
+    while (c) {
+        struct server_conn *next = c->next;
+        server_conn_expire_lease(c, now_ns);
+        if (server_conn_stalled(c, now_ns)) {
+            GK_DEBUG("fd %d: no progress mid-frame for %u ms, closing", c->fd,
+                     w->server->stall_timeout_ms);
+            server_conn_close(c);
+        }
+        c = next;
+    }
+    if (!w->accepting && watch_listeners(w) < 0)
+        GK_WARN("cannot watch the listening sockets again: %s", strerror(errno));
+}
+
+/* Runs again the connections that stopped at their step bound. */
+static void run_runnable(struct server_worker *w)
+{
+    w->runnable = 0;
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->runnable)
+            server_conn_on_event(c);
+    }
+}
+
+void *server_worker_main(void *arg)
+{
+    struct server_worker *w = arg;
+    struct epoll_event events[WORKER_EVENTS];
+    uint64_t tick_ns = SERVER_TICK_MS * 1000000ull;
+    uint64_t next_tick = gk_now_ns() + tick_ns;
+    int stopping = 0;
+
+    while (!stopping) {
+        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, w->runnable ? 0 : SERVER_TICK_MS);
+        if (n < 0 && errno != EINTR) {
+            GK_ERROR("epoll_wait: %s; worker stops", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = events[i].data.ptr;
+            if (p == &wake_token)
+                stopping = 1;
+            else if (p == &listen_token)
+                accept_connections(w, w->server->listen_fd, 0);
+            else if (p == &unix_token)
+                accept_connections(w, w->server->unix_fd, 1);
+            else
+                server_conn_on_event(p);
+        }
+        if (w->runnable)
+            run_runnable(w);
+        uint64_t now = gk_now_ns();
+        if (now >= next_tick) {
+            tick(w, now);
+            next_tick = now + tick_ns;
+        }
+    }
+    while (w->conns)
+        server_conn_close(w->conns);
+    return NULL;
+}

@@ -1,0 +1,240 @@
+/*
+ * alloc.c - see alloc.h.
+ *
+ * Each page keeps a bitmap of its free chunks (a set bit is free) rather than
+ * a free list: the bitmaps are allocated once at init (0.2% of the pool, of
+ * which a page only ever touches the words its class needs), so nothing on
+ * the allocation path can fail for lack of heap, and asserting builds catch
+ * a double free. A page hands out its lowest free chunk; the per-page hint
+ * makes the search start past the words known to be full.
+ */
+#include "alloc.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+
+static uint32_t round_up(uint32_t v, uint32_t to) { return (v + to - 1) / to * to; }
+
+static void add_class(struct alloc *a, uint32_t size)
+{
+    assert(a->nclasses < ALLOC_MAX_CLASSES);
+    struct alloc_class *c = &a->classes[a->nclasses++];
+    c->size = size;
+    c->per_page = ALLOC_PAGE_SIZE / size;
+    c->partial = ALLOC_NIL;
+}
+
+/*
+ * Sizes grow by a factor of 1.25 from ALLOC_MIN_CHUNK, each one stretched to
+ * the largest 64-byte multiple that still fits as many chunks in a page, so
+ * no page is left with a tail its chunks could have used. Geometric classes
+ * stop at half a page: anything larger takes a whole page, whose rounding
+ * used_bytes accounts for (a 600 KiB chunk alone in a page would hide its
+ * 424 KiB tail from the watermarks).
+ */
+static void build_classes(struct alloc *a)
+{
+    uint32_t size = ALLOC_MIN_CHUNK;
+    while (size <= ALLOC_PAGE_SIZE / 2) {
+        uint32_t per_page = ALLOC_PAGE_SIZE / size;
+        uint32_t stretched = ALLOC_PAGE_SIZE / per_page / ALLOC_MIN_CHUNK * ALLOC_MIN_CHUNK;
+        add_class(a, stretched);
+        size = round_up(stretched + stretched / 4, ALLOC_MIN_CHUNK);
+    }
+    add_class(a, ALLOC_PAGE_SIZE);
+}
+
+int alloc_init(struct alloc *a, uint64_t capacity)
+{
+    memset(a, 0, sizeof *a);
+    uint64_t npages = capacity / ALLOC_PAGE_SIZE;
+    if (npages >= ALLOC_NIL)
+        return -1;
+    a->npages = (uint32_t)npages;
+    /* At least one element each: calloc(0) may return NULL. */
+    a->pages = calloc(npages ? npages : 1, sizeof *a->pages);
+    a->free_bits = calloc(npages ? npages * ALLOC_PAGE_WORDS : 1, sizeof *a->free_bits);
+    if (!a->pages || !a->free_bits) {
+        alloc_destroy(a);
+        return -1;
+    }
+    build_classes(a);
+
+    /* Stacked so that page 0 is handed out first. */
+    a->free_head = ALLOC_NIL;
+    for (uint32_t p = a->npages; p-- > 0;) {
+        a->pages[p].cls = ALLOC_NIL;
+        a->pages[p].next = a->free_head;
+        a->free_head = p;
+    }
+    a->free_pages = a->npages;
+    return 0;
+}
+
+void alloc_destroy(struct alloc *a)
+{
+    free(a->pages);
+    free(a->free_bits);
+    a->pages = NULL;
+    a->free_bits = NULL;
+}
+
+uint64_t alloc_capacity(const struct alloc *a)
+{
+    return (uint64_t)a->npages * ALLOC_PAGE_SIZE;
+}
+
+uint32_t alloc_nchunks(uint64_t size)
+{
+    return (uint32_t)((size + ALLOC_PAGE_SIZE - 1) / ALLOC_PAGE_SIZE);
+}
+
+uint64_t alloc_piece_len(uint64_t size, uint32_t i)
+{
+    uint64_t start = (uint64_t)i * ALLOC_PAGE_SIZE;
+    return GK_MIN(size - start, (uint64_t)ALLOC_PAGE_SIZE);
+}
+
+/* Index of the smallest class whose chunks hold len bytes. */
+static uint32_t class_of(const struct alloc *a, uint64_t len)
+{
+    uint32_t lo = 0, hi = a->nclasses - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (a->classes[mid].size >= len)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+uint32_t alloc_chunk_size(const struct alloc *a, uint64_t len)
+{
+    assert(len >= 1 && len <= ALLOC_PAGE_SIZE);
+    return a->classes[class_of(a, len)].size;
+}
+
+uint64_t alloc_footprint(const struct alloc *a, uint64_t size)
+{
+    uint64_t whole = size / ALLOC_PAGE_SIZE * ALLOC_PAGE_SIZE;
+    return size == whole ? whole : whole + alloc_chunk_size(a, size - whole);
+}
+
+static uint64_t *page_bits(struct alloc *a, uint32_t p)
+{
+    return a->free_bits + (uint64_t)p * ALLOC_PAGE_WORDS;
+}
+
+static size_t bitmap_bytes(uint32_t per_page)
+{
+    return (per_page + 63) / 64 * sizeof(uint64_t);
+}
+
+static void partial_push(struct alloc *a, uint32_t cls, uint32_t p)
+{
+    struct alloc_class *c = &a->classes[cls];
+    a->pages[p].prev = ALLOC_NIL;
+    a->pages[p].next = c->partial;
+    if (c->partial != ALLOC_NIL)
+        a->pages[c->partial].prev = p;
+    c->partial = p;
+}
+
+static void partial_remove(struct alloc *a, uint32_t cls, uint32_t p)
+{
+    struct alloc_page *pg = &a->pages[p];
+    if (pg->prev != ALLOC_NIL)
+        a->pages[pg->prev].next = pg->next;
+    else
+        a->classes[cls].partial = pg->next;
+    if (pg->next != ALLOC_NIL)
+        a->pages[pg->next].prev = pg->prev;
+}
+
+/* Takes a free page for class cls and marks all its chunks free. */
+static int assign_page(struct alloc *a, uint32_t cls)
+{
+    uint32_t p = a->free_head;
+    if (p == ALLOC_NIL)
+        return -1;
+    a->free_head = a->pages[p].next;
+    a->free_pages--;
+
+    /* A free page's bitmap is all zero (release_page), so only the bits of
+     * this class's chunks need setting. */
+    uint32_t per_page = a->classes[cls].per_page;
+    uint64_t *bits = page_bits(a, p);
+    memset(bits, 0xff, per_page / 64 * sizeof *bits);
+    if (per_page % 64)
+        bits[per_page / 64] = (1ull << (per_page % 64)) - 1;
+
+    a->pages[p].cls = cls;
+    a->pages[p].used = 0;
+    a->pages[p].hint = 0;
+    partial_push(a, cls, p);
+    return 0;
+}
+
+static void release_page(struct alloc *a, uint32_t p)
+{
+    uint32_t cls = a->pages[p].cls;
+    memset(page_bits(a, p), 0, bitmap_bytes(a->classes[cls].per_page));
+    partial_remove(a, cls, p);
+    a->pages[p].cls = ALLOC_NIL;
+    a->pages[p].next = a->free_head;
+    a->free_head = p;
+    a->free_pages++;
+}
+
+int alloc_get(struct alloc *a, uint64_t len, uint64_t *off)
+{
+    uint32_t cls = class_of(a, len);
+    struct alloc_class *c = &a->classes[cls];
+    if (c->partial == ALLOC_NIL && assign_page(a, cls) != 0)
+        return -1;
+
+    uint32_t p = c->partial;
+    struct alloc_page *pg = &a->pages[p];
+    uint64_t *bits = page_bits(a, p);
+    uint32_t w = pg->hint;
+    while (bits[w] == 0) {
+        w++;
+        assert(w < ALLOC_PAGE_WORDS && "partial page without a free chunk");
+    }
+    uint32_t idx = w * 64 + (uint32_t)__builtin_ctzll(bits[w]);
+    bits[w] &= bits[w] - 1;
+    pg->hint = w;
+
+    if (++pg->used == c->per_page)
+        partial_remove(a, cls, p);
+    a->used_bytes += c->size;
+    *off = (uint64_t)p * ALLOC_PAGE_SIZE + (uint64_t)idx * c->size;
+    return 0;
+}
+
+void alloc_put(struct alloc *a, uint64_t off)
+{
+    uint32_t p = (uint32_t)(off / ALLOC_PAGE_SIZE);
+    assert(p < a->npages && a->pages[p].cls != ALLOC_NIL);
+    struct alloc_page *pg = &a->pages[p];
+    struct alloc_class *c = &a->classes[pg->cls];
+    uint32_t idx = (uint32_t)(off % ALLOC_PAGE_SIZE / c->size);
+    assert(off % ALLOC_PAGE_SIZE % c->size == 0 && idx < c->per_page);
+
+    uint64_t *bits = page_bits(a, p);
+    uint64_t bit = 1ull << (idx % 64);
+    assert(!(bits[idx / 64] & bit) && "chunk freed twice");
+    bits[idx / 64] |= bit;
+    if (idx / 64 < pg->hint)
+        pg->hint = idx / 64;
+
+    if (pg->used-- == c->per_page)
+        partial_push(a, pg->cls, p);
+    a->used_bytes -= c->size;
+    if (pg->used == 0)
+        release_page(a, p);
+}

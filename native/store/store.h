@@ -1,0 +1,122 @@
+/*
+ * store.h - the object store: a pool of memory (pool.c), size-class
+ * allocation inside it (alloc.c), a hash index over (namespace, key)
+ * (index.c), and objects with pins, commit state and eviction (store.c).
+ *
+ * Objects are immutable once committed. An object's bytes live in one or
+ * more chunks of the pool (objects larger than a slab page are chained over
+ * several chunks, as memcached does with large items); readers get the
+ * chunks as pool offsets so any transport (socket writev, shm copy, RDMA
+ * READ) can move them without a copy.
+ *
+ * Thread safety: every function may be called from any thread; the store
+ * takes its own lock, once per batch call.
+ */
+#ifndef GDRKV_STORE_H
+#define GDRKV_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/protocol.h"
+
+struct store;
+struct store_obj;
+
+struct store_opts {
+    uint64_t memory_bytes;  /* pool size; rounded down to whole slab pages */
+    int hugepages;          /* -1 try, 0 never, 1 require */
+    int pretouch;           /* fault every page at open */
+    double high_watermark;  /* store_maintain() evicts when pool use is above... */
+    double low_watermark;   /* ...down to this */
+};
+
+/* One contiguous piece of an object inside the pool. */
+struct store_chunk {
+    uint64_t off;           /* offset from store_base() */
+    uint64_t len;
+};
+
+struct store_stats {
+    uint64_t pool_bytes;        /* capacity */
+    uint64_t pool_used_bytes;   /* bytes in chunks handed out (incl. class rounding) */
+    uint64_t objects;           /* committed objects */
+    uint64_t object_bytes;      /* sum of committed object sizes */
+    uint64_t reserved_objects;  /* uncommitted allocations (writes in flight) */
+    uint64_t pinned_objects;    /* objects with at least one pin */
+    uint64_t hits, misses;      /* store_pin_batch outcomes */
+    uint64_t puts, put_dedup;   /* committed puts; puts of keys already present */
+    uint64_t put_no_space;      /* reservations refused for lack of space */
+    uint64_t evictions, evicted_bytes;
+    uint64_t deletes;
+    uint64_t namespaces;
+    int hugepages;              /* whether the pool got hugepages */
+};
+
+int store_open(struct store **out, const struct store_opts *opts, char *err, size_t errlen);
+void store_close(struct store *s);
+
+uint8_t *store_base(struct store *s);
+uint64_t store_capacity(struct store *s);
+/* The pool's memfd, read-only and sealed (pool.h), for local clients to map;
+ * -1 when the pool can't be shared. */
+int store_pool_fd(struct store *s);
+
+/*
+ * Read path. For each entry: if a committed object exists, pin it (it will
+ * not be evicted or freed until unpinned), set objs[i] and sizes[i] and
+ * status[i] = 0; else objs[i] = NULL, status[i] = GDRKV_E_NOT_FOUND.
+ * When touch is set, hits move to the head of the LRU.
+ */
+void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                     uint32_t n, int touch, struct store_obj **objs, int32_t *status,
+                     uint64_t *sizes);
+/* Drops one pin from each non-NULL objs[i]. */
+void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n);
+
+/* EXISTS: status[i] = 0 and sizes[i] = size for committed objects, else
+ * GDRKV_E_NOT_FOUND. No pin, no LRU touch. */
+void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                        uint32_t n, int32_t *status, uint64_t *sizes);
+
+/* The chunks of a pinned or reserved object, in order; their lens sum to the
+ * object size. Valid while the pin or reservation is held. */
+const struct store_chunk *store_obj_chunks(const struct store_obj *o, uint32_t *nchunks);
+uint64_t store_obj_size(const struct store_obj *o);
+
+/*
+ * Write path, two phases so the bytes can land straight in the pool:
+ * reserve -> caller fills the chunks -> commit (or abort).
+ * status[i]: 0 = reserved (objs[i] set; invisible to readers, not evictable),
+ *            1 = already present, or reserved by an earlier entry of this
+ *                same batch (objs[i] NULL; the caller discards the bytes and
+ *                reports success: put-if-absent),
+ *            GDRKV_E_BUSY = being written by another writer, which may still
+ *                fail: the caller reports the key as not stored,
+ *            GDRKV_E_NO_SPACE / GDRKV_E_TOO_LARGE (objs[i] NULL).
+ * Reservation evicts unpinned committed objects (LRU first) as needed.
+ */
+#define STORE_PRESENT 1
+void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         uint32_t n, struct store_obj **objs, int32_t *status);
+/* Makes reserved objects visible; NULL entries skipped. */
+void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n);
+/* Frees reserved objects that will never be committed; NULL entries skipped. */
+void store_abort_batch(struct store *s, struct store_obj **objs, uint32_t n);
+
+/* DELETE: unlinks committed objects (status 0) or GDRKV_E_NOT_FOUND. A
+ * pinned object is freed when its last pin goes. */
+void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                        uint32_t n, int32_t *status);
+
+/* CLEAR: unlinks every committed object of the namespace; returns how many. */
+uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns);
+
+/* Background eviction: when pool use is above the high watermark, evict
+ * unpinned committed objects (LRU first) until it is below the low one.
+ * Returns the number evicted. Called periodically by the server. */
+uint64_t store_maintain(struct store *s);
+
+void store_get_stats(struct store *s, struct store_stats *out);
+
+#endif
