@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/grow.h"
 
 /* Below this many bytes a copy is over before a helper would wake up. */
 #define CLIENT_COPY_PARALLEL_BYTES (4u << 20)
@@ -20,14 +21,8 @@
 
 int client_copy_add(struct client_copy_list *l, uint8_t *dst, const uint8_t *src, size_t len)
 {
-    if (l->count == l->cap) {
-        uint32_t cap = l->cap ? 2 * l->cap : 64;
-        struct client_copy_piece *p = realloc(l->pieces, cap * sizeof *p);
-        if (!p)
-            return -1;
-        l->pieces = p;
-        l->cap = cap;
-    }
+    if (gk_grow(&l->pieces, &l->cap, (size_t)l->count + 1, sizeof *l->pieces, 64) < 0)
+        return -1;
     l->pieces[l->count++] = (struct client_copy_piece){dst, src, len};
     l->bytes += len;
     return 0;

@@ -11,6 +11,7 @@
 
 #include "client_chunks.h"
 #include "common/common.h"
+#include "common/grow.h"
 #include "gpu/cuda.h"
 #include "client_gpu.h"
 #include "gdrkv.h"
@@ -284,13 +285,7 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
              (unsigned long long)((gk_now_ns() - t0) / 1000));
 
     pthread_mutex_lock(&r->lock);
-    if (r->nmrs == r->cap) {
-        uint32_t cap = r->cap ? 2 * r->cap : 8;
-        struct client_mr *mrs = realloc(r->mrs, cap * sizeof *mrs);
-        if (mrs)
-            r->mrs = mrs, r->cap = cap;
-    }
-    if (r->nmrs < r->cap) {
+    if (gk_grow(&r->mrs, &r->cap, (size_t)r->nmrs + 1, sizeof *r->mrs, 8) == 0) {
         r->gpu_mrs += device >= 0;
         r->gpu_mrs_dmabuf += dmabuf_fd >= 0;
         r->mrs[r->nmrs++] = (struct client_mr){.ptr = ptr, .len = len, .mr = mr,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grow.h"
 #include "gdrkv.h"
 
 int client_regions_init(struct client_regions *r)
@@ -43,16 +44,8 @@ int client_regions_add_dev(struct client_regions *r, uint64_t ptr, uint64_t len,
     for (uint32_t i = 0; i < r->count && !rc; i++)
         if (overlaps(&r->list[i], ptr, len))
             rc = GDRKV_E_INVALID;
-    if (!rc && r->count == r->cap) {
-        uint32_t cap = r->cap ? 2 * r->cap : 8;
-        struct client_region *list = realloc(r->list, cap * sizeof *list);
-        if (list) {
-            r->list = list;
-            r->cap = cap;
-        } else {
-            rc = GDRKV_E_INTERNAL;
-        }
-    }
+    if (!rc && gk_grow(&r->list, &r->cap, (size_t)r->count + 1, sizeof *r->list, 8) < 0)
+        rc = GDRKV_E_INTERNAL;
     if (!rc)
         r->list[r->count++] = (struct client_region){.ptr = ptr, .len = len, .device = device,
                                                      .buffer_id = buffer_id};

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/grow.h"
 #include "gdrkv.h"
 #include "common/log.h"
 #include "common/protocol.h"
@@ -117,14 +118,8 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
             return 0;
         }
     }
-    if (l->count == l->cap) {
-        uint32_t cap = l->cap ? 2 * l->cap : 64;
-        struct gpu_piece *p = realloc(l->pieces, cap * sizeof *p);
-        if (!p)
-            return GDRKV_E_INTERNAL;
-        l->pieces = p;
-        l->cap = cap;
-    }
+    if (gk_grow(&l->pieces, &l->cap, (size_t)l->count + 1, sizeof *l->pieces, 64) < 0)
+        return GDRKV_E_INTERNAL;
     l->pieces[l->count++] = (struct gpu_piece){.dst = dst, .src = src, .len = len, .dev = dev};
     l->bytes += len;
     return 0;

@@ -8,19 +8,14 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/grow.h"
 #include "gdrkv.h"
 #include "common/log.h"
 
 int rdma_pieces_add(struct rdma_pieces *p, const struct rdma_piece *piece)
 {
-    if (p->count == p->cap) {
-        uint32_t cap = p->cap ? 2 * p->cap : 256;
-        struct rdma_piece *list = realloc(p->list, cap * sizeof *list);
-        if (!list)
-            return -1;
-        p->list = list;
-        p->cap = cap;
-    }
+    if (gk_grow(&p->list, &p->cap, (size_t)p->count + 1, sizeof *p->list, 256) < 0)
+        return -1;
     p->list[p->count++] = *piece;
     return 0;
 }
