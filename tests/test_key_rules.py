@@ -22,13 +22,15 @@ def parts(key):
     return key.split("/")
 
 
-@pytest.mark.parametrize("content_hash", ["a" * 1024, bytes(512), (1 << 4095) + 1])
+@pytest.mark.parametrize("content_hash", ["a" * 1024, bytes(512), (1 << 4095) + 1],
+                         ids=["str", "bytes", "int"])
 def test_content_hashes_up_to_1024_bytes(content_hash):
     key = scheme().key(content_hash)
     assert len(parts(key)[-1]) == 1024
 
 
-@pytest.mark.parametrize("content_hash", ["a" * 1025, bytes(513), 1 << 4096, "é" * 513])
+@pytest.mark.parametrize("content_hash", ["a" * 1025, bytes(513), 1 << 4096, "é" * 513],
+                         ids=["str", "bytes", "int", "utf8"])
 def test_content_hashes_over_1024_bytes_are_refused(content_hash):
     with pytest.raises(ValueError, match="1-1024 bytes"):
         scheme().key(content_hash)
