@@ -271,3 +271,25 @@ def server_stats(address, timeout=5.0):
         if hdr.status:
             raise RuntimeError(f"STATS answered status {hdr.status}: {body!r}")
         return parse_stats(body)
+
+
+# ---------------------------------------------------------------- rdma endpoints
+
+_ENDPOINT = struct.Struct("<BBH16sIIIII")
+
+
+def rdma_endpoint(eth=0, mtu=5, lid=1, gid=b"\0" * 16, rd_atomic=1, sq_depth=64, max_sge=1,
+                  qps=((1, 0),)):
+    """An RDMA_HELLO body (docs/protocol.md): the QP endpoint of a peer that
+    exists only on paper. A server connects its QPs to it all the same, so
+    RESERVE and COMMIT can be driven over a raw socket; nothing is ever
+    written through those QPs."""
+    head = _ENDPOINT.pack(eth, mtu, lid, gid, rd_atomic, sq_depth, max_sge, len(qps), 0)
+    return head + b"".join(struct.pack("<II", qpn, psn) for qpn, psn in qps)
+
+
+def rdma_hello(conn, body):
+    """Sends RDMA_HELLO with body: (header, answer body)."""
+    conn.send(Header(opcode=OP_RDMA_HELLO, body_len=len(body)).pack() + body)
+    hdr, answer, _ = conn.read_frame()
+    return hdr, answer

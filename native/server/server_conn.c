@@ -193,7 +193,7 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
     GK_DEBUG("fd %d: frame rejected (%s): %s", c->fd, gdrkv_strerror(code), msg);
     if (server_conn_error(c, code, msg, (size_t)len))
         return STEP_CLOSE;
-    c->close_after_write = !keep;
+    c->close_after_write |= !keep;     /* a dropped reservation may have set it */
     c->state = CONN_WRITE;
     return STEP_MORE;
 }

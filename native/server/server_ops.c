@@ -220,8 +220,9 @@ static int op_reserve(struct server_conn *c)
     store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
     c->holds = CONN_HOLDS_RESERVATIONS;
     for (uint32_t i = 0; i < c->req.count; i++) {
-        b->sizes[i] = b->objs[i] ? b->entries[i].size : 0;
-        bytes += b->sizes[i];
+        /* The value's size for every key not refused, stored ones (1) too. */
+        b->sizes[i] = b->status[i] >= 0 ? b->entries[i].size : 0;
+        bytes += b->objs[i] ? b->sizes[i] : 0;
     }
     int rc = respond_chunk_lists(c);
     c->lease_bytes = bytes;
@@ -332,8 +333,11 @@ void server_ops_release(struct server_conn *c)
     else if (c->holds == CONN_HOLDS_LEASE)
         store_unpin_batch(store_of(c), b->objs, c->lease_count);
     else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma) {
-        /* The client may still be writing into them: stop its QPs first. */
+        /* The client may still be writing into them: stop its QPs first.
+         * Without them the connection is no rdma one any more: it ends
+         * after its next answer. */
         server_rdma_conn_kill(c);
+        c->close_after_write = 1;
         store_abort_batch(store_of(c), b->objs, c->lease_count);
     } else if (c->holds == CONN_HOLDS_RESERVATIONS) {
         store_abort_batch(store_of(c), b->objs, c->req.count);
