@@ -10,7 +10,8 @@ import fake_sysfs
 from conftest import run_gdrkv
 from fake_sysfs import GPU_A, GPU_B, GPU_C
 from gdrkv import client as client_module
-from gdrkv import doctor, doctor_selftest, sysinfo_gpu, sysinfo_pci, sysinfo_rdma
+from gdrkv.doctor import report as doctor, selftest as doctor_selftest
+from gdrkv.sysinfo import gpu as sysinfo_gpu, pci as sysinfo_pci, rdma as sysinfo_rdma
 
 HOST_HAS_RDMA = bool(os.listdir("/sys/class/infiniband")) \
     if os.path.isdir("/sys/class/infiniband") else False

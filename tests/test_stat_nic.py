@@ -7,7 +7,7 @@ import pytest
 
 import fake_sysfs
 from conftest import run_gdrkv, stat
-from gdrkv import stat_nic
+from gdrkv.doctor import nic as stat_nic
 from gdrkv.cli import main
 from gdrkv.sizes import format_size
 

@@ -4,7 +4,8 @@ import json
 import signal
 import sys
 
-from . import bench, doctor, stat_nic
+from .bench import command as bench
+from .doctor import nic as stat_nic, report as doctor
 from .client import Client
 from .errors import GdrkvError
 from .server import Server

@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 
-from . import sysinfo_fs as fs
+from . import fs
 
 PCI_DIR = "/sys/bus/pci/devices"
 NVIDIA_VENDOR = 0x10de

@@ -10,9 +10,9 @@ import random
 import statistics
 import time
 
-from .client import Client
-from .errors import E_NOT_FOUND, GdrkvError, strerror
-from .server import Server
+from ..client import Client
+from ..errors import E_NOT_FOUND, GdrkvError, strerror
+from ..server import Server
 
 POOL = "256MiB"
 SWEEP_SIZES = (4 << 10, 64 << 10, 1 << 20)

@@ -13,10 +13,11 @@ import json
 import os
 import resource
 
-from . import doctor_selftest, sysinfo_gpu, sysinfo_pci, sysinfo_rdma
-from . import sysinfo_fs as fs
-from .sizes import format_size
-from .table import format_table
+from ..sizes import format_size
+from ..sysinfo import fs, gpu as sysinfo_gpu, pci as sysinfo_pci, rdma as sysinfo_rdma
+from ..sysinfo.host import cpu_model
+from ..table import format_table
+from . import selftest as doctor_selftest
 
 NO_RDMA = ("no RDMA devices: /sys/class/infiniband is empty or missing; "
            "gdrkv will use shm/tcp")
@@ -104,7 +105,7 @@ def collect():
 
 def verbs_report():
     """The rdma transport's own view, parsed from gdrkv_rdma_report()."""
-    from ._native import ffi, lib
+    from .._native import ffi, lib
     if not hasattr(lib, "gdrkv_rdma_report"):
         return {"rdma_built": 0, "rdma_available": 0, "rdma_why": NOT_BUILT, "devices": {}}
     size = _REPORT_FIRST_BUFFER
@@ -169,13 +170,6 @@ def gpu_label(gpu):
 
 
 # ---------------------------------------------------------------- system checks
-
-def cpu_model():
-    for line in fs.lines("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "unknown"
-
 
 def _meminfo():
     """/proc/meminfo as {"Field": number}; sizes there are in KiB."""

@@ -7,13 +7,13 @@ CEILINGS = (("tcp_gb_per_s", "loopback TCP stream"), ("memcpy_gb_per_s", "memcpy
 
 
 def plot(report, path):
-    """Draws report (bench_compare's JSON) to path; ImportError without
+    """Draws report (compare.py's JSON) to path; ImportError without
     matplotlib."""
     import matplotlib
     matplotlib.use("Agg")       # no display: files only
     from matplotlib import pyplot
 
-    from .sizes import format_size
+    from ..sizes import format_size
 
     results = report["results"]
     sizes = sorted({r["size"] for r in results})

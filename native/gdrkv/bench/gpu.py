@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 
-from . import bench as _bench
-from . import gpu
-from ._native import ffi, lib
-from .client import Client
-from .sizes import format_size
-from .table import format_table
+from .. import gpu
+from .._native import ffi, lib
+from ..client import Client
+from ..sizes import format_size, parse_size
+from ..table import format_table
+from . import harness
 
 GPU_SIZES = "4KiB,16KiB,64KiB,256KiB,1MiB"
 CEILING_BYTES = 256 << 20      # moved per ceiling measurement
@@ -57,14 +57,14 @@ def run(args):
     except ImportError:
         print("gdrkv bench --gpu: needs torch for GPU memory and CUDA events", file=sys.stderr)
         return 1
-    sizes = args.sizes or _bench._sizes(GPU_SIZES)
+    sizes = args.sizes or [parse_size(s) for s in GPU_SIZES.split(",")]
     transports = [t for t in args.gpu_transports.split(",") if t]
     report = {"gpu": torch.cuda.get_device_name(0), "driver": why, "sizes": sizes,
               "ceilings": [], "gdrkv": [], "interference": []}
     print(f"# {report['gpu']} ({why})", flush=True)
     report["ceilings"] = [_ceilings(torch, size) for size in sizes]
     print(_ceiling_table(report["ceilings"]), flush=True)
-    with _bench._server(_ServerArgs(args)) as url:
+    with harness.server(_ServerArgs(args)) as url:
         for transport in transports:
             for size in sizes:
                 report["gdrkv"] += _gdrkv(torch, url, transport, size)
@@ -80,7 +80,7 @@ def run(args):
 
 
 class _ServerArgs:
-    """What bench._server needs; its smallest pool (1.25 GiB) holds the
+    """What harness.server needs; its smallest pool (1.25 GiB) holds the
     STORE_BYTES one measurement stores at a time."""
 
     def __init__(self, args):

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from .client import Client
-from .errors import GdrkvError
+from ..client import Client
+from ..errors import GdrkvError
 
 START_TIMEOUT_S = 60
 # Mooncake's master listens on these fixed ports; the comparison runs it
@@ -246,7 +246,7 @@ def _mooncake(stack, capacity, logs):
                    "--enable_http_metadata_server=true",
                    "--http_metadata_server_host=127.0.0.1"],
            os.path.join(logs, "mooncake_master.log"), MOONCAKE_METADATA_PORT)
-    holder_code = ("from gdrkv.bench_peers import mooncake_segment_holder; "
+    holder_code = ("from gdrkv.bench.peers import mooncake_segment_holder; "
                    f"mooncake_segment_holder({capacity})")
     holder = _start(stack, [sys.executable, "-c", holder_code],
                     os.path.join(logs, "mooncake_holder.log"), None, stdin=subprocess.PIPE,

@@ -6,7 +6,7 @@ import ipaddress
 import os
 import re
 
-from . import sysinfo_fs as fs
+from . import fs
 
 CLASS_DIR = "/sys/class/infiniband"
 # sysfs counts port_xmit_data and port_rcv_data in units of 4 octets (IBTA

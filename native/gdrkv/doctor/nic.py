@@ -6,10 +6,10 @@ rates from two samples S seconds apart.
 import json
 import time
 
-from . import sysinfo_rdma
-from .client import Client
-from .sizes import format_size
-from .table import format_table
+from ..client import Client
+from ..sizes import format_size
+from ..sysinfo import rdma as sysinfo_rdma
+from ..table import format_table
 
 # Tests replace these to step time and change the fake counters between samples.
 _sleep = time.sleep

@@ -2,10 +2,10 @@
 
 Every system stores, reads and looks up the same batches of --count objects
 from the same pre-touched buffers, round after round, with the loopback TCP
-stream and memcpy ceilings sampled after every round (see bench.py): gdrkv
+stream and memcpy ceilings sampled after every round (see harness.py): gdrkv
 over each transport the client accepts, Mooncake Store over TCP, Redis
 (pipelined SET and EXISTS, MGET). Then the engine-level shootouts of
-bench_engines.py. A system this machine lacks is reported as such, never
+engines.py. A system this machine lacks is reported as such, never
 silently dropped.
 
 Mooncake binds 0.0.0.0 whatever it is told, so when it is installed the
@@ -24,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 
-from . import bench, bench_engines, bench_peers, bench_plot
-from .bench import _number
-from .doctor import cpu_model
-from .sizes import format_size, physical_memory
-from .table import format_table
+from ..sizes import format_size, physical_memory
+from ..sysinfo.host import cpu_model
+from ..table import format_table
+from . import engines as bench_engines
+from . import harness, peers, plot
+from .harness import number
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,4MiB"
 BASELINE = "gdrkv tcp"
@@ -41,7 +42,7 @@ def run(args):
               file=sys.stderr)
         return 2
     if _wants_private_netns():
-        command = bench_peers.private_netns_command(
+        command = peers.private_netns_command(
             [sys.executable, "-m", "gdrkv", "bench", *_argv(args)])
         if command:
             return subprocess.call(command)
@@ -63,7 +64,7 @@ def run(args):
 
 
 def _wants_private_netns():
-    if os.environ.get(bench_peers.NETNS_ENV) == "1":
+    if os.environ.get(peers.NETNS_ENV) == "1":
         return False
     try:
         import mooncake.store  # noqa: F401  (only whether it imports)
@@ -85,18 +86,18 @@ def _argv(args):
 def _compare(args, logs):
     # The most one peer holds at once: a size's put window or one batch
     # (see _compare_size), with room for its allocator.
-    capacity = int(1.5 * max(max(bench.PUT_WINDOW, args.count * s) for s in args.sizes))
+    capacity = int(1.5 * max(max(harness.PUT_WINDOW, args.count * s) for s in args.sizes))
     capacity += 64 << 20
     with contextlib.ExitStack() as stack:
-        ceilings = bench._Ceilings(stack.enter_context(bench._tcp_stream()))
-        url = stack.enter_context(bench._server(args))
-        stores = stack.enter_context(bench_peers.open_stores(url, capacity, logs))
+        ceilings = harness.Ceilings(stack.enter_context(harness.tcp_stream()))
+        url = stack.enter_context(harness.server(args))
+        stores = stack.enter_context(peers.open_stores(url, capacity, logs))
         measured = {name: store for name, store in stores.items() if not isinstance(store, str)}
         engines, engine_reasons = bench_engines.available(stores)
         rounds = (len(measured) * len(args.sizes) * len(args.ops)
                   + len(engines) * len(bench_engines.OPS)) * args.repeat
         progress = stack.enter_context(
-            bench._Progress(rounds, enabled=sys.stderr.isatty() and not args.quiet))
+            harness.Progress(rounds, enabled=sys.stderr.isatty() and not args.quiet))
         failed = {}
         results = [row for size in args.sizes
                    for row in _compare_size(measured, failed, size, args, ceilings, progress)]
@@ -127,15 +128,15 @@ def _compare_size(stores, failed, size, args, ceilings, progress):
     that fails goes into failed ({name: why}): a peer that breaks costs its
     own rows, not the comparison."""
     count, batch_bytes, label = args.count, args.count * size, format_size(size)
-    src, dst = bench._pattern(batch_bytes), bench._touched(batch_bytes)
+    src, dst = harness.pattern(batch_bytes), harness.touched(batch_bytes)
     # Every put batch of a round needs fresh keys: a stored key is not stored again.
-    window = max(1, bench.PUT_WINDOW // batch_bytes)
+    window = max(1, harness.PUT_WINDOW // batch_bytes)
     keys = [[f"{size}/{j}/{i}" for i in range(count)] for j in range(window)]
     results = []
     for name, store in stores.items():
         if name in failed:
             continue
-        ctypes.memset(bench._address(dst), 0, batch_bytes)
+        ctypes.memset(harness.address(dst), 0, batch_bytes)
         store.attach(src, dst, size, count)
         try:
             rows = _measure_store(name, store, keys, size, args, ceilings, progress)
@@ -170,9 +171,9 @@ def _measure_store(name, store, keys, size, args, ceilings, progress):
             progress.step(f"{name} {op} {label}")
             ceilings.sample()
 
-        rounds, latencies = bench._measure(batch, args.repeat, max_batches, reset, after_round)
-        row = {"system": name, **bench._result(op, size, len(keys[0]), rounds, latencies)}
-        row.update(bench._against(row, ceilings.medians(since=first_ceiling)))
+        rounds, latencies = harness.measure(batch, args.repeat, max_batches, reset, after_round)
+        row = {"system": name, **harness.result(op, size, len(keys[0]), rounds, latencies)}
+        row.update(harness.against(row, ceilings.medians(since=first_ceiling)))
         return row
 
     rows = []
@@ -214,7 +215,7 @@ def _plot(report, path):
     if not path:
         return "not asked for (--png)"
     try:
-        bench_plot.plot(report, path)
+        plot.plot(report, path)
     except ImportError:
         return "skipped: matplotlib is not installed (tests/install_peers.sh)"
     return path
@@ -225,9 +226,9 @@ def _tables(report):
              "% memcpy", f"{BASELINE} x"]]
     for r in report["results"]:
         rows.append([format_size(r["size"]), r["op"], r["system"],
-                     _number(r.get("gb_per_s"), ".2f"), _number(r["mkeys_per_s"], ".3f"), _number(r["batch_ms_p50"], ".3f"),
-                     _number(r.get("pct_of_tcp"), ".0f"), _number(r.get("pct_of_memcpy"), ".0f"),
-                     _number(r.get("baseline_x"), ".2f")])
+                     number(r.get("gb_per_s"), ".2f"), number(r["mkeys_per_s"], ".3f"), number(r["batch_ms_p50"], ".3f"),
+                     number(r.get("pct_of_tcp"), ".0f"), number(r.get("pct_of_memcpy"), ".0f"),
+                     number(r.get("baseline_x"), ".2f")])
     ceilings = report["ceilings"]
     lines = [format_table(rows),
              (f"ceilings, median of all rounds: loopback TCP stream "
@@ -238,9 +239,9 @@ def _tables(report):
                     "call p50 ms", f"{BASELINE} x"]]
     for r in report["engines"]["results"]:
         engine_rows.append([r["engine"], r["op"], r["system"], f"{r['pages_per_s']:.0f}",
-                            _number(r["gb_per_s"], ".2f"), format_size(r["page_bytes"]),
+                            number(r["gb_per_s"], ".2f"), format_size(r["page_bytes"]),
                             str(r["pages_per_call"]), f"{r['call_ms_p50']:.3f}",
-                            _number(r.get("baseline_x"), ".2f")])
+                            number(r.get("baseline_x"), ".2f")])
     if len(engine_rows) > 1:
         lines += ["", format_table(engine_rows)]
     lines += _not_measured(report["engines"]["systems"])

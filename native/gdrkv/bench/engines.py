@@ -21,8 +21,8 @@ import statistics
 import tempfile
 import threading
 
-from .bench import _measure
-from .bench_peers import redis_port
+from .harness import measure
+from .peers import redis_port
 
 # SGLang's STORAGE_BATCH_SIZE: the most pages the controller passes at once.
 SGLANG_PAGES_PER_CALL = 128
@@ -41,7 +41,7 @@ OPS = ("set", "exists", "get")
 
 def available(stores):
     """[(engine, system)] that can run here, and {engine: reason} for the
-    engines that cannot; stores are bench_peers.open_stores()'s."""
+    engines that cannot; stores are peers.open_stores()'s."""
     # LMCache logs every backend it builds at INFO, over the progress bar.
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
     runnable, reasons = [], {}
@@ -91,7 +91,7 @@ def _rounds(engine, system, page_bytes, batch_pages, batches, args, progress):
         def after_round(label=f"{engine} {system} {op}"):
             progress.step(label)
 
-        rounds, latencies = _measure(batch, args.repeat, max_batches, reset, after_round)
+        rounds, latencies = measure(batch, args.repeat, max_batches, reset, after_round)
         pages_per_s = statistics.median(n * batch_pages / s for n, s in rounds)
         rows.append({"engine": engine, "system": system, "op": op, "page_bytes": page_bytes,
                      "pages_per_call": batch_pages, "pages_per_s": pages_per_s,
@@ -191,7 +191,7 @@ class _CopiedPages:
 def _sglang(url, stores, system, args, progress):
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
 
-    from .adapters.sglang_hicache import GdrkvHiCacheStorage
+    from ..adapters.sglang_hicache import GdrkvHiCacheStorage
 
     def config(extra):
         return HiCacheStorageConfig(
@@ -268,7 +268,7 @@ def _lmcache(url, stores, system, args, progress):
 
 
 def _gdrkv_clearer(url, namespace):
-    from .client import Client
+    from ..client import Client
 
     def clear():
         with Client(url, namespace=namespace) as client:
