@@ -31,25 +31,34 @@
 
 struct client_server;
 
+/* Every plain counter of a client, X(name, what it counts): this one list
+ * declares the fields and prints them (gdrkv_client_stats), so adding a
+ * counter is one line. Per-op counters and the rdma ones
+ * (CLIENT_RDMA_COUNTERS) are beside it. */
+#define CLIENT_COUNTERS(X)                                                                   \
+    X(bytes_sent, "value bytes sent")                                                        \
+    X(bytes_received, "value bytes received")                                                \
+    X(errors_timeout, "keys (or keyless frames) failed by a timeout")                         \
+    X(errors_unavailable, "keys (or keyless frames) failed by an unavailable server")         \
+    X(errors_protocol, "keys (or keyless frames) failed by a protocol error")                 \
+    X(connects, "connections opened")                                                        \
+    X(connect_failures, "connections that failed to open")                                   \
+    X(shortcircuit_keys, "keys failed at once because their server was down")                \
+    X(shm_connects, "of connects, over a unix socket with the pool mapped")                  \
+    X(shm_bytes_copied, "GET bytes copied out of a mapped pool")                             \
+    X(shm_leases_expired, "LEASE frames whose keys failed: lease lost before RELEASE")       \
+    X(gpu_bytes, "bytes moved to or from GPU memory (client_gpu.c)")                         \
+    X(gpu_kernel_launches, "copy kernel launches")                                           \
+    X(gpu_copy_engine_calls, "cuMemcpyBatchAsync calls")
+
 /* Updated with relaxed atomics from any calling thread. */
 struct client_counters {
     uint64_t calls[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
-    uint64_t bytes_sent;
-    uint64_t bytes_received;
-    uint64_t errors_timeout;        /* keys (or keyless frames) failed by each error */
-    uint64_t errors_unavailable;
-    uint64_t errors_protocol;
-    uint64_t connects;              /* connections opened */
-    uint64_t connect_failures;
-    uint64_t shortcircuit_keys;     /* keys failed at once because their server was down */
-    uint64_t shm_connects;          /* of connects, over a unix socket with the pool mapped */
-    uint64_t shm_bytes_copied;      /* GET bytes copied out of a mapped pool */
-    uint64_t shm_leases_expired;    /* LEASE frames whose keys failed: lease lost before RELEASE */
-    uint64_t gpu_bytes;             /* bytes moved to or from GPU memory (gpu_client.c) */
-    uint64_t gpu_kernel_launches;
-    uint64_t gpu_copy_engine_calls;
+#define CLIENT_COUNTER_FIELD(name, help) uint64_t name;
+    CLIENT_COUNTERS(CLIENT_COUNTER_FIELD)
+#undef CLIENT_COUNTER_FIELD
 };
 
 struct gdrkv_client {

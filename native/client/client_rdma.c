@@ -123,7 +123,7 @@ static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint6
         flusher_free(d, f);
         r->flusher = NULL;
     }
-    __atomic_fetch_add(&r->flushes, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->flush_reads, 1, __ATOMIC_RELAXED);
     return rc;
 }
 
@@ -583,9 +583,9 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
                     b->results[b->index[p]] = ferr;
         }
     }
-    __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->reads : &r->writes, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->wrs, st.wrs, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->posts, st.posts, __ATOMIC_RELAXED);
+    __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->read_frames : &r->write_frames, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->work_requests, st.wrs, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->doorbells, st.posts, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->completions, st.completions, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->bytes, st.bytes, __ATOMIC_RELAXED);
     return err;

@@ -39,6 +39,20 @@ enum client_rdma_flush {
     CLIENT_RDMA_FLUSH_NEVER
 };
 
+/* The rdma transport's counters, X(name, what it counts), printed by
+ * gdrkv_client_stats as rdma_<name>. */
+#define CLIENT_RDMA_COUNTERS(X)                                                   \
+    X(read_frames, "GET frames moved by RDMA READs")                              \
+    X(write_frames, "PUT frames moved by RDMA WRITEs")                            \
+    X(work_requests, "work requests posted")                                      \
+    X(doorbells, "ibv_post_send calls")                                           \
+    X(completions, "completions polled")                                          \
+    X(bytes, "bytes moved by READs and WRITEs")                                   \
+    X(fallback_frames, "frames sent over the socket: segments not registered")    \
+    X(flush_reads, "flush READs before a GET into GPU memory returned")           \
+    X(gpu_mrs, "GPU memory registrations")                                        \
+    X(gpu_mrs_dmabuf, "of gpu_mrs, through dma-buf")
+
 struct client_rdma {
     pthread_mutex_t lock;
     int state;                      /* 0 not tried, 1 open, -1 unavailable (why) */
@@ -52,8 +66,9 @@ struct client_rdma {
     void *flusher;                  /* the loopback QP of the flush READs, made on first need */
     pthread_mutex_t flush_lock;     /* guards flusher: its READs wait, the MR table must not */
     /* Counters, relaxed atomics. */
-    uint64_t reads, writes, wrs, posts, completions, bytes, fallback_frames, flushes;
-    uint64_t gpu_mrs, gpu_mrs_dmabuf;   /* GPU registrations; of them, through dma-buf */
+#define CLIENT_RDMA_COUNTER_FIELD(name, help) uint64_t name;
+    CLIENT_RDMA_COUNTERS(CLIENT_RDMA_COUNTER_FIELD)
+#undef CLIENT_RDMA_COUNTER_FIELD
 };
 
 int client_rdma_init(struct client_rdma *r);

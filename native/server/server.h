@@ -30,22 +30,31 @@ struct store;
 #define SERVER_SCRATCH_SIZE (64u << 10)
 #define SERVER_STATS_MAX (16u << 10)
 
+/* Every plain counter of a worker, X(name, what it counts): this one list
+ * declares the fields, sums them over the workers and prints them
+ * (server_stats.c), so adding a counter is one line and the stats text,
+ * `gdrkv stat` and the metrics can't drift apart. Per-op counters follow. */
+#define SERVER_COUNTERS(X)                                                          \
+    X(connections_total, "connections accepted")                                    \
+    X(connections_rejected, "connections refused at accept (over max_connections)") \
+    X(bytes_in, "PUT payload bytes received")                                       \
+    X(bytes_out, "GET payload bytes sent")                                          \
+    X(frames_bad, "malformed or rejected frames")                                   \
+    X(shm_connections_total, "of connections_total, over the unix socket")          \
+    X(shm_connections_refused, "unix peers of another uid")                         \
+    X(shm_leases, "LEASE frames answered with offsets")                             \
+    X(shm_lease_bytes, "object bytes handed out under leases")                      \
+    X(shm_leases_expired, "leases (and RESERVEs) dropped by the timeout")           \
+    X(rdma_leases, "LEASE frames of rdma connections")                              \
+    X(rdma_lease_bytes, "object bytes they handed out for READs")                   \
+    X(rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")
+
 /* Written only by the worker that owns them, read by whoever asks for
  * stats: relaxed atomics on both sides, summed over workers at read time. */
 struct server_counters {
-    uint64_t connections_total;
-    uint64_t connections_rejected;
-    uint64_t bytes_in;              /* PUT payload bytes received */
-    uint64_t bytes_out;             /* GET payload bytes sent */
-    uint64_t frames_bad;            /* malformed or rejected frames */
-    uint64_t shm_connections_total; /* of connections_total, over the unix socket */
-    uint64_t shm_connections_refused; /* unix peers of another uid */
-    uint64_t shm_leases;            /* LEASE frames answered with offsets */
-    uint64_t shm_lease_bytes;       /* object bytes handed out under leases */
-    uint64_t shm_leases_expired;    /* leases (and RESERVEs) dropped by the timeout */
-    uint64_t rdma_leases;           /* LEASE frames of rdma connections */
-    uint64_t rdma_lease_bytes;      /* object bytes they handed out for READs */
-    uint64_t rdma_reserved_bytes;   /* bytes RESERVE handed out for WRITEs */
+#define SERVER_COUNTER_FIELD(name, help) uint64_t name;
+    SERVER_COUNTERS(SERVER_COUNTER_FIELD)
+#undef SERVER_COUNTER_FIELD
     uint64_t ops[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];

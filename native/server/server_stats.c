@@ -19,19 +19,9 @@ void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, u
 
 static void sum_counters(struct server_counters *sum, const struct server_counters *c)
 {
-    sum->connections_total += gk_counter_get(&c->connections_total);
-    sum->connections_rejected += gk_counter_get(&c->connections_rejected);
-    sum->bytes_in += gk_counter_get(&c->bytes_in);
-    sum->bytes_out += gk_counter_get(&c->bytes_out);
-    sum->frames_bad += gk_counter_get(&c->frames_bad);
-    sum->shm_connections_total += gk_counter_get(&c->shm_connections_total);
-    sum->shm_connections_refused += gk_counter_get(&c->shm_connections_refused);
-    sum->shm_leases += gk_counter_get(&c->shm_leases);
-    sum->shm_lease_bytes += gk_counter_get(&c->shm_lease_bytes);
-    sum->shm_leases_expired += gk_counter_get(&c->shm_leases_expired);
-    sum->rdma_leases += gk_counter_get(&c->rdma_leases);
-    sum->rdma_lease_bytes += gk_counter_get(&c->rdma_lease_bytes);
-    sum->rdma_reserved_bytes += gk_counter_get(&c->rdma_reserved_bytes);
+#define SUM_COUNTER(name, help) sum->name += gk_counter_get(&c->name);
+    SERVER_COUNTERS(SUM_COUNTER)
+#undef SUM_COUNTER
     for (int op = 1; op <= GK_OP_MAX; op++) {
         sum->ops[op] += gk_counter_get(&c->ops[op]);
         sum->keys[op] += gk_counter_get(&c->keys[op]);
@@ -40,8 +30,8 @@ static void sum_counters(struct server_counters *sum, const struct server_counte
 }
 
 /* Each line is named after the field it prints, so names can't drift. */
-#define STORE_LINE(field) gk_text_u64(t, #field, (uint64_t)st.field)
-#define COUNTER_LINE(field) gk_text_u64(t, #field, sum.field)
+#define STORE_LINE(field, help) gk_text_u64(t, #field, (uint64_t)st.field);
+#define COUNTER_LINE(field, help) gk_text_u64(t, #field, sum.field);
 
 void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
 {
@@ -50,43 +40,16 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     char name[64];
 
     store_get_stats(s->store, &st);
-    STORE_LINE(pool_bytes);
-    STORE_LINE(pool_used_bytes);
-    STORE_LINE(objects);
-    STORE_LINE(object_bytes);
-    STORE_LINE(reserved_objects);
-    STORE_LINE(pinned_objects);
-    STORE_LINE(hits);
-    STORE_LINE(misses);
-    STORE_LINE(puts);
-    STORE_LINE(put_dedup);
-    STORE_LINE(put_no_space);
-    STORE_LINE(evictions);
-    STORE_LINE(evicted_bytes);
-    STORE_LINE(deletes);
-    STORE_LINE(namespaces);
-    STORE_LINE(hugepages);
+    STORE_STATS(STORE_LINE)
 
     for (int i = 0; i < s->nworkers; i++)
         sum_counters(&sum, &s->workers[i].counters);
     gk_text_u64(t, "uptime_seconds", (gk_now_ns() - s->started_ns) / 1000000000ull);
     gk_text_u64(t, "workers", (uint64_t)s->nworkers);
     gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));
-    COUNTER_LINE(connections_total);
-    COUNTER_LINE(connections_rejected);
-    COUNTER_LINE(bytes_in);
-    COUNTER_LINE(bytes_out);
-    COUNTER_LINE(frames_bad);
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
-    COUNTER_LINE(shm_connections_total);
-    COUNTER_LINE(shm_connections_refused);
-    COUNTER_LINE(shm_leases);
-    COUNTER_LINE(shm_lease_bytes);
-    COUNTER_LINE(shm_leases_expired);
+    SERVER_COUNTERS(COUNTER_LINE)
     server_rdma_stats(s, t);
-    COUNTER_LINE(rdma_leases);
-    COUNTER_LINE(rdma_lease_bytes);
-    COUNTER_LINE(rdma_reserved_bytes);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         snprintf(name, sizeof name, "ops_%s", gk_op_name(op));
         gk_text_u64(t, name, sum.ops[op]);

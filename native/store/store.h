@@ -37,20 +37,30 @@ struct store_chunk {
     uint64_t len;
 };
 
+/* The store's figures, X(name, what it is): one list declares the struct
+ * and prints the stats lines (server_stats.c). */
+#define STORE_STATS(X)                                                        \
+    X(pool_bytes, "capacity")                                                 \
+    X(pool_used_bytes, "bytes in chunks handed out (incl. class rounding)")   \
+    X(objects, "committed objects")                                           \
+    X(object_bytes, "sum of committed object sizes")                          \
+    X(reserved_objects, "uncommitted allocations (writes in flight)")         \
+    X(pinned_objects, "objects with at least one pin")                        \
+    X(hits, "store_pin_batch keys found")                                     \
+    X(misses, "store_pin_batch keys not found")                               \
+    X(puts, "committed puts")                                                 \
+    X(put_dedup, "puts of keys already present")                              \
+    X(put_no_space, "reservations refused for lack of space")                 \
+    X(evictions, "objects evicted")                                           \
+    X(evicted_bytes, "bytes of the objects evicted")                          \
+    X(deletes, "objects deleted")                                             \
+    X(namespaces, "namespaces with objects")                                  \
+    X(hugepages, "whether the pool got hugepages (0 or 1)")
+
 struct store_stats {
-    uint64_t pool_bytes;        /* capacity */
-    uint64_t pool_used_bytes;   /* bytes in chunks handed out (incl. class rounding) */
-    uint64_t objects;           /* committed objects */
-    uint64_t object_bytes;      /* sum of committed object sizes */
-    uint64_t reserved_objects;  /* uncommitted allocations (writes in flight) */
-    uint64_t pinned_objects;    /* objects with at least one pin */
-    uint64_t hits, misses;      /* store_pin_batch outcomes */
-    uint64_t puts, put_dedup;   /* committed puts; puts of keys already present */
-    uint64_t put_no_space;      /* reservations refused for lack of space */
-    uint64_t evictions, evicted_bytes;
-    uint64_t deletes;
-    uint64_t namespaces;
-    int hugepages;              /* whether the pool got hugepages */
+#define STORE_STATS_FIELD(name, help) uint64_t name;
+    STORE_STATS(STORE_STATS_FIELD)
+#undef STORE_STATS_FIELD
 };
 
 int store_open(struct store **out, const struct store_opts *opts, char *err, size_t errlen);
