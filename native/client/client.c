@@ -218,7 +218,7 @@ int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
         return GDRKV_E_INVALID;
     int rc = gpu_probe_region(ptr, len, &device, &buffer_id);
     if (rc >= 0)
-        rc = client_regions_add_dev(&c->regions, ptr, len, device, buffer_id);
+        rc = client_regions_add(&c->regions, ptr, len, device, buffer_id);
     if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
         return rc;
     int rrc = client_rdma_register(&c->rdma, ptr, len, device);

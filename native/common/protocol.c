@@ -43,7 +43,8 @@ int gk_op_is_keyed(uint8_t opcode)
            opcode == GK_OP_RESERVE;
 }
 
-int gk_op_is_in_place(uint8_t opcode)
+/* Whether opcode reads or writes the pool in place: shm or rdma only. */
+static int op_is_in_place(uint8_t opcode)
 {
     return opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE || opcode == GK_OP_RESERVE ||
            opcode == GK_OP_COMMIT;
@@ -51,7 +52,7 @@ int gk_op_is_in_place(uint8_t opcode)
 
 int gk_op_is_transport(uint8_t opcode)
 {
-    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || gk_op_is_in_place(opcode);
+    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || op_is_in_place(opcode);
 }
 
 const char *gk_op_name(uint8_t opcode)

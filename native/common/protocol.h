@@ -130,8 +130,6 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h);
 
 /* Whether opcode takes a namespace + entries body. */
 int gk_op_is_keyed(uint8_t opcode);
-/* Whether opcode reads or writes the pool in place: shm or rdma only. */
-int gk_op_is_in_place(uint8_t opcode);
 /* Whether opcode is a transport's own frame, never an API call of its own. */
 int gk_op_is_transport(uint8_t opcode);
 const char *gk_op_name(uint8_t opcode);

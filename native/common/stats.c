@@ -34,7 +34,8 @@ void gk_latency_merge(struct gk_latency *dst, const struct gk_latency *src)
         dst->max_us = m;
 }
 
-uint64_t gk_latency_quantile(const struct gk_latency *l, double q)
+/* Upper bound of the bucket holding the q-quantile (0 < q <= 1), in us. */
+static uint64_t latency_quantile(const struct gk_latency *l, double q)
 {
     uint64_t total = 0, seen = 0;
     for (unsigned b = 0; b < GK_LAT_BUCKETS; b++)
@@ -87,8 +88,8 @@ void gk_text_latency(struct gk_text *t, const char *name, const struct gk_latenc
 {
     gk_text_printf(t, "%s_count %llu\n%s_us_p50 %llu\n%s_us_p99 %llu\n%s_us_max %llu\n",
            name, (unsigned long long)l->count,
-           name, (unsigned long long)gk_latency_quantile(l, 0.50),
-           name, (unsigned long long)gk_latency_quantile(l, 0.99),
+           name, (unsigned long long)latency_quantile(l, 0.50),
+           name, (unsigned long long)latency_quantile(l, 0.99),
            name, (unsigned long long)l->max_us);
 }
 

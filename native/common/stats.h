@@ -35,8 +35,6 @@ struct gk_latency {
 void gk_latency_record(struct gk_latency *l, uint64_t us);
 /* Adds src into dst (both read with relaxed atomics). */
 void gk_latency_merge(struct gk_latency *dst, const struct gk_latency *src);
-/* Upper bound of the bucket holding the q-quantile (0 < q <= 1), in us. */
-uint64_t gk_latency_quantile(const struct gk_latency *l, double q);
 
 /* A bounded text buffer; appends past the end are dropped, never overflow. */
 struct gk_text {

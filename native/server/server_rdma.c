@@ -175,11 +175,6 @@ void server_rdma_stop(struct gdrkv_server *s)
     s->rdma = NULL;
 }
 
-int server_rdma_enabled(const struct gdrkv_server *s)
-{
-    return s->rdma != NULL;
-}
-
 /* ------------------------------------------------------------ sessions */
 
 static int refuse(struct server_conn *c, int code, const char *msg)
@@ -292,7 +287,6 @@ int server_rdma_start(struct gdrkv_server *s, int mode, char *err, size_t errlen
 }
 
 void server_rdma_stop(struct gdrkv_server *s) { (void)s; }
-int server_rdma_enabled(const struct gdrkv_server *s) { (void)s; return 0; }
 
 int server_rdma_hello(struct server_conn *c) { return no_rdma(c); }
 

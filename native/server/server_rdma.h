@@ -24,7 +24,6 @@ struct gk_text;
  * Returns 0 or a negative gdrkv_error with the reason in err. */
 int server_rdma_start(struct gdrkv_server *s, int mode, char *err, size_t errlen);
 void server_rdma_stop(struct gdrkv_server *s);
-int server_rdma_enabled(const struct gdrkv_server *s);
 
 /* RDMA_HELLO: creates and connects the connection's QPs and answers with
  * the server's side and the pool's regions. */

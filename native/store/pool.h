@@ -1,7 +1,7 @@
 /*
  * pool.h - the one big memory region objects live in: a memfd mapped
- * shared, so a later shm transport can hand the same pages to local
- * clients, and so RDMA can register it once.
+ * shared, so the shm transport can hand the same pages to local clients
+ * (sealed, read-only), and so RDMA can register it once.
  */
 #ifndef GDRKV_POOL_H
 #define GDRKV_POOL_H
