@@ -26,3 +26,15 @@ int gk_grow(void *array, uint32_t *cap, size_t need, size_t elem, uint32_t first
     *cap = (uint32_t)n;
     return 0;
 }
+
+int gk_buf_reserve(uint8_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    uint8_t *p = realloc(*buf, need);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = need;
+    return 0;
+}

@@ -15,4 +15,9 @@
  * with the array and *cap left as they were. */
 int gk_grow(void *array, uint32_t *cap, size_t need, size_t elem, uint32_t first);
 
+/* A byte buffer of exactly `need` bytes or more (frame bodies, responses:
+ * bounded by the protocol's limits, so no doubling past them). 0, or -1
+ * when out of memory with *buf and *cap as they were. */
+int gk_buf_reserve(uint8_t **buf, size_t *cap, size_t need);
+
 #endif

@@ -20,8 +20,10 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "server.h"
 #include "server_rdma.h"
+#include "server_state.h"
+#include "server_stats.h"
+#include "server_worker.h"
 #include "store/store.h"
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts)

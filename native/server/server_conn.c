@@ -21,9 +21,13 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/grow.h"
 #include "common/log.h"
 #include "server_ops.h"
 #include "server_rdma.h"
+#include "server_reply.h"
+#include "server_state.h"
+#include "server_stats.h"
 
 /* Steps one event may run before the worker moves on to other connections. */
 #define CONN_STEPS_PER_EVENT 64
@@ -82,18 +86,6 @@ void server_conn_close(struct server_conn *c)
     free(c);
 }
 
-void server_conn_expire_lease(struct server_conn *c, uint64_t now_ns)
-{
-    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma;
-    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
-        return;
-    GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
-             c->lease_count);
-    server_ops_release(c);
-    c->lease_expired = 1;
-    gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
-}
-
 int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
 {
     int mid_frame = c->state != CONN_READ_HDR || c->hdr_got > 0;
@@ -102,18 +94,6 @@ int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
 }
 
 /* ------------------------------------------------------------ buffers */
-
-static int grow(uint8_t **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return 0;
-    uint8_t *p = realloc(*buf, need);
-    if (!p)
-        return -1;
-    *buf = p;
-    *cap = need;
-    return 0;
-}
 
 /* One allocation holds the four arrays, ordered so each stays aligned. */
 static int batch_reserve(struct server_batch *b, uint32_t n)
@@ -142,36 +122,6 @@ static void shrink(uint8_t **buf, size_t *cap)
     }
 }
 
-uint8_t *server_conn_response(struct server_conn *c, int32_t status, uint32_t count,
-                              uint32_t body_len, uint64_t payload_len)
-{
-    if (grow(&c->out, &c->out_cap, GK_HDR_SIZE + (size_t)body_len) < 0)
-        return NULL;
-    struct gk_hdr h = {
-        .magic = GK_MAGIC,
-        .version = GK_VERSION,
-        .opcode = c->req.opcode | GK_OP_RESPONSE,
-        .status = status,
-        .count = count,
-        .body_len = body_len,
-        .payload_len = payload_len,
-        .req_id = c->req.req_id,
-    };
-    gk_hdr_encode(&h, c->out);
-    c->out_len = GK_HDR_SIZE + (size_t)body_len;
-    c->out_sent = 0;
-    return c->out + GK_HDR_SIZE;
-}
-
-int server_conn_error(struct server_conn *c, int32_t code, const char *msg, size_t len)
-{
-    uint8_t *body = server_conn_response(c, code, 0, (uint32_t)len, 0);
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    memcpy(body, msg, len);
-    return 0;
-}
-
 /* ------------------------------------------------------------ frames */
 
 /* Answers the current frame with an error status and a message, then goes
@@ -191,7 +141,7 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
 
     gk_counter_add(&c->worker->counters.frames_bad, 1);
     GK_DEBUG("fd %d: frame rejected (%s): %s", c->fd, gdrkv_strerror(code), msg);
-    if (server_conn_error(c, code, msg, (size_t)len))
+    if (server_reply_error(c, code, msg, (size_t)len))
         return STEP_CLOSE;
     c->close_after_write |= !keep;     /* a dropped reservation may have set it */
     c->state = CONN_WRITE;
@@ -207,37 +157,18 @@ static enum step execute(struct server_conn *c)
     return STEP_MORE;
 }
 
-/* In-place ops need a peer that can reach the pool: a local one that
- * mapped it (shm), or one with QPs (rdma). */
-static int op_allowed(const struct server_conn *c, uint8_t op)
-{
-    switch (op) {
-    case GK_OP_HELLO: return c->local;
-    case GK_OP_LEASE:
-    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
-    case GK_OP_RESERVE: return server_rdma_conn_active(c);
-    case GK_OP_COMMIT: return c->rdma != NULL;   /* killed QPs: COMMIT learns it */
-    default: return 1;
-    }
-}
-
 static enum step on_header(struct server_conn *c)
 {
     struct gk_hdr *h = &c->req;
 
     gk_hdr_decode(c->hdr_raw, h);
     c->frame_start_ns = gk_now_ns();
-    /* A client that moves on without RELEASE (COMMIT) is done with its
-     * lease (reservations); this also frees the batch arrays for the new
-     * frame. A COMMIT must cover exactly the reserved keys. */
-    if (h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
-        h->count != c->lease_count)
-        return reject(c, GDRKV_E_PROTOCOL, 0, "commit of %u keys, %u reserved", h->count,
-                      c->lease_count);
-    if (h->opcode != GK_OP_RELEASE && h->opcode != GK_OP_COMMIT) {
-        server_ops_release(c);
-        c->lease_expired = 0;
-    }
+    /* Whatever the last frame left in the store ends here unless this frame
+     * is the one that ends it (server_ops.h): only then may the batch
+     * arrays, which hold those objects, survive into this frame. */
+    char why[100];
+    if (server_ops_frame_begin(c, why, sizeof why))
+        return reject(c, GDRKV_E_PROTOCOL, 0, "%s", why);
     int rc = gk_check_request_hdr(h);
     if (rc == GDRKV_E_PROTOCOL && h->magic != GK_MAGIC) {
         /* Not our protocol at all: nothing we send would be understood. */
@@ -245,7 +176,7 @@ static enum step on_header(struct server_conn *c)
         GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
         return STEP_CLOSE;
     }
-    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !op_allowed(c, h->opcode))) {
+    if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !server_ops_allowed(c, h->opcode))) {
         /* Lengths were checked before the opcode, so skipping is bounded. */
         c->skip_left = h->body_len + h->payload_len;
         c->state = CONN_SKIP;
@@ -262,7 +193,7 @@ static enum step on_header(struct server_conn *c)
 
     /* The limits just checked bound both allocations. The batch arrays are
      * never empty, so even a zero-key request hands the store real arrays. */
-    if (grow(&c->body, &c->body_cap, h->body_len) < 0 ||
+    if (gk_buf_reserve(&c->body, &c->body_cap, h->body_len) < 0 ||
         batch_reserve(&c->batch, GK_MAX(h->count, 1u)) < 0)
         return STEP_CLOSE;
     c->body_got = 0;

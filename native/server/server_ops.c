@@ -6,26 +6,19 @@
 
 #include <string.h>
 
+#include <stdio.h>
+
 #include "common/common.h"
-#include "server_conn.h"
+#include "common/log.h"
 #include "server_rdma.h"
+#include "server_reply.h"
+#include "server_state.h"
+#include "server_stats.h"
 #include "store/store.h"
 
 static struct store *store_of(struct server_conn *c)
 {
     return c->worker->server->store;
-}
-
-/* One result per key; sizes may be NULL when every size is 0. */
-static int respond_results(struct server_conn *c, uint32_t n, const int32_t *status,
-                           const uint64_t *sizes, uint64_t payload_len)
-{
-    uint8_t *body = server_conn_response(c, 0, n, n * GK_RESULT_SIZE, payload_len);
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    for (uint32_t i = 0; i < n; i++)
-        gk_result_encode(body + (size_t)i * GK_RESULT_SIZE, status[i], sizes ? sizes[i] : 0);
-    return 0;
 }
 
 static int op_stats(struct server_conn *c)
@@ -36,18 +29,14 @@ static int op_stats(struct server_conn *c)
     gk_text_init(&t, text, sizeof text);
     server_stats_text(c->worker->server, &t);
     int len = gk_text_finish(&t);
-    uint8_t *body = server_conn_response(c, 0, 0, (uint32_t)len, 0);
-    if (!body)
-        return GDRKV_E_INTERNAL;
-    memcpy(body, text, (size_t)len);
-    return 0;
+    return server_reply_text(c, text, (size_t)len);
 }
 
 static int op_exists(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
     store_exists_batch(store_of(c), &c->ns, b->entries, c->req.count, b->status, b->sizes);
-    return respond_results(c, c->req.count, b->status, b->sizes, 0);
+    return server_reply_results(c, c->req.count, b->status, b->sizes, 0);
 }
 
 /* Pins the request's objects for reading (GET and LEASE); an object larger
@@ -84,7 +73,7 @@ static int op_get(struct server_conn *c)
 
     server_payload_start(&c->payload, store_base(store_of(c)), b->entries, b->objs, n, 0,
                          payload_len);
-    return respond_results(c, n, b->status, b->sizes, payload_len);
+    return server_reply_results(c, n, b->status, b->sizes, payload_len);
 }
 
 /* ------------------------------------------------------------ shm */
@@ -98,7 +87,7 @@ static int op_hello(struct server_conn *c)
     uint64_t size = store_capacity(s);
 
     c->pass_fd = store_pool_fd(s);
-    return respond_results(c, 1, &status, &size, 0);
+    return server_reply_results(c, 1, &status, &size, 0);
 }
 
 /* Bytes the chunk list of a leased object takes in the response. */
@@ -126,9 +115,9 @@ static int respond_chunk_lists(struct server_conn *c)
     if (body_len > GK_MAX_BODY) {
         server_ops_release(c);
         static const char msg[] = "the objects' chunk lists exceed the body limit";
-        return server_conn_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
+        return server_reply_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
     }
-    uint8_t *p = server_conn_response(c, 0, n, (uint32_t)body_len, 0);
+    uint8_t *p = server_reply_start(c, 0, n, (uint32_t)body_len, 0);
     if (!p)
         return GDRKV_E_INTERNAL;
     for (uint32_t i = 0; i < n; i++, p += GK_RESULT_SIZE)
@@ -174,7 +163,7 @@ static int op_release(struct server_conn *c)
                      : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
     server_ops_release(c);
     c->lease_expired = 0;
-    return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+    return server_reply_status(c, status);
 }
 
 /* ------------------------------------------------------------ put */
@@ -204,7 +193,7 @@ int server_ops_finish_put(struct server_conn *c)
     for (uint32_t i = 0; i < n; i++)
         if (b->status[i] == STORE_PRESENT)
             b->status[i] = 0;
-    return respond_results(c, n, b->status, NULL, 0);
+    return server_reply_results(c, n, b->status, NULL, 0);
 }
 
 /* ------------------------------------------------------------ rdma put */
@@ -244,7 +233,7 @@ static int op_commit(struct server_conn *c)
         c->close_after_write = 1;
         int32_t status = c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
         c->lease_expired = 0;
-        return server_conn_response(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+        return server_reply_status(c, status);
     }
     for (uint32_t i = 0; i < n; i++) {
         if (b->objs[i] && c->body[i] != 1) {
@@ -264,27 +253,27 @@ static int op_commit(struct server_conn *c)
     for (uint32_t i = 0; i < n; i++)
         if (b->status[i] == STORE_PRESENT)
             b->status[i] = 0;
-    return respond_results(c, n, b->status, NULL, 0);
+    return server_reply_results(c, n, b->status, NULL, 0);
 }
 
 static int op_delete(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
     store_delete_batch(store_of(c), &c->ns, b->entries, c->req.count, b->status);
-    return respond_results(c, c->req.count, b->status, NULL, 0);
+    return server_reply_results(c, c->req.count, b->status, NULL, 0);
 }
 
 static int op_clear(struct server_conn *c)
 {
     int32_t status = 0;
     uint64_t removed = store_clear_ns(store_of(c), &c->ns);
-    return respond_results(c, 1, &status, &removed, 0);
+    return server_reply_results(c, 1, &status, &removed, 0);
 }
 
 int server_ops_execute(struct server_conn *c)
 {
     switch (c->req.opcode) {
-    case GK_OP_PING: return server_conn_response(c, 0, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;
+    case GK_OP_PING: return server_reply_status(c, 0);
     case GK_OP_STATS: return op_stats(c);
     case GK_OP_EXISTS: return op_exists(c);
     case GK_OP_GET: return op_get(c);
@@ -344,4 +333,53 @@ void server_ops_release(struct server_conn *c)
     }
     c->holds = CONN_HOLDS_NOTHING;
     c->reserved_for_rdma = 0;
+}
+
+/* ------------------------------------------------------------ holds */
+
+int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
+{
+    const struct gk_hdr *h = &c->req;
+    int ends_lease = h->opcode == GK_OP_RELEASE && c->holds == CONN_HOLDS_LEASE;
+    int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
+                  c->reserved_for_rdma;
+
+    if (commits && h->count != c->lease_count) {
+        snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->lease_count);
+        return GDRKV_E_PROTOCOL;
+    }
+    if (ends_lease || commits)
+        return 0;
+    /* A RELEASE or COMMIT that finds nothing held answers whether its hold
+     * expired; any other frame starts afresh. */
+    int asks_expiry = (h->opcode == GK_OP_RELEASE || h->opcode == GK_OP_COMMIT) &&
+                      c->holds == CONN_HOLDS_NOTHING;
+    server_ops_release(c);
+    if (!asks_expiry)
+        c->lease_expired = 0;
+    return 0;
+}
+
+int server_ops_allowed(const struct server_conn *c, uint8_t op)
+{
+    switch (op) {
+    case GK_OP_HELLO: return c->local;
+    case GK_OP_LEASE:
+    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
+    case GK_OP_RESERVE: return server_rdma_conn_active(c);
+    case GK_OP_COMMIT: return c->rdma != NULL;   /* killed QPs: COMMIT learns it */
+    default: return 1;
+    }
+}
+
+void server_ops_expire(struct server_conn *c, uint64_t now_ns)
+{
+    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma;
+    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
+        return;
+    GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
+             c->lease_count);
+    server_ops_release(c);
+    c->lease_expired = 1;
+    gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
 }

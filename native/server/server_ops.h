@@ -5,7 +5,23 @@
 #ifndef GDRKV_SERVER_OPS_H
 #define GDRKV_SERVER_OPS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 struct server_conn;
+
+/* A frame's header arrived. What the last frame left held in the store (a
+ * LEASE's pins, a RESERVE's reservations) survives only into the frame
+ * that ends it: a RELEASE of that lease, a COMMIT of exactly those keys.
+ * Anything else lets it go first, so no frame ever reuses the arrays that
+ * hold it. Returns 0, or GDRKV_E_PROTOCOL with the reason in why when the
+ * frame contradicts its hold (a COMMIT of another count): the caller
+ * refuses it and closes. */
+int server_ops_frame_begin(struct server_conn *c, char *why, size_t len);
+/* Whether this connection may run op at all. In-place ops need a peer
+ * that can reach the pool: a local one that mapped it (shm), or one with
+ * QPs (rdma). Others are skipped with UNSUPPORTED. */
+int server_ops_allowed(const struct server_conn *c, uint8_t op);
 
 /* Runs the request parsed into c against the store and prepares the
  * response; for PUT it reserves the objects and sets up reading the payload
@@ -18,5 +34,8 @@ int server_ops_finish_put(struct server_conn *c);
 void server_ops_frame_done(struct server_conn *c);
 /* Drops the pins, reservations or lease c holds. */
 void server_ops_release(struct server_conn *c);
+/* Drops a lease or reservation held past its deadline; the RELEASE or
+ * COMMIT that comes for it later is answered TIMEOUT. */
+void server_ops_expire(struct server_conn *c, uint64_t now_ns);
 
 #endif

@@ -14,8 +14,8 @@
 #include "common/log.h"
 #include "rdma/rdma_dev.h"
 #include "rdma/rdma_qp.h"
-#include "server.h"
-#include "server_conn.h"
+#include "server_reply.h"
+#include "server_state.h"
 #include "common/stats.h"
 #include "store/store.h"
 
@@ -24,7 +24,7 @@
 static int no_rdma(struct server_conn *c)
 {
     static const char msg[] = "this server has no rdma";
-    return server_conn_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
+    return server_reply_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
 }
 
 #ifdef GDRKV_HAVE_VERBS
@@ -181,7 +181,7 @@ static int refuse(struct server_conn *c, int code, const char *msg)
 {
     __atomic_fetch_add(&c->worker->server->rdma->sessions_refused, 1, __ATOMIC_RELAXED);
     GK_DEBUG("fd %d: rdma hello refused: %s", c->fd, msg);
-    return server_conn_error(c, code, msg, strlen(msg));
+    return server_reply_error(c, code, msg, strlen(msg));
 }
 
 int server_rdma_hello(struct server_conn *c)
@@ -220,7 +220,7 @@ int server_rdma_hello(struct server_conn *c)
     mine.max_sge = max_sge;
 
     size_t body_len = rdma_endpoint_size(&mine) + 8 + (size_t)r->nregions * RDMA_REGION_WIRE_SIZE;
-    uint8_t *p = server_conn_response(c, 0, 0, (uint32_t)body_len, 0);
+    uint8_t *p = server_reply_start(c, 0, 0, (uint32_t)body_len, 0);
     if (!p) {
         rdma_qps_destroy(&r->dev, &rc->qps);
         free(rc);

@@ -5,8 +5,9 @@
 #include <stdio.h>
 
 #include "common/common.h"
-#include "server.h"
 #include "server_rdma.h"
+#include "server_state.h"
+#include "server_stats.h"
 #include "store/store.h"
 
 

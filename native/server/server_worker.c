@@ -14,8 +14,10 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "server.h"
 #include "server_conn.h"
+#include "server_ops.h"
+#include "server_state.h"
+#include "server_worker.h"
 
 #define WORKER_EVENTS 256
 /* Accepts per wakeup, so a burst of connections spreads over the workers. */
@@ -125,7 +127,7 @@ static void tick(struct server_worker *w, uint64_t now_ns)
     struct server_conn *c = w->conns;
     while (c) {
         struct server_conn *next = c->next;
-        server_conn_expire_lease(c, now_ns);
+        server_ops_expire(c, now_ns);
         if (server_conn_stalled(c, now_ns)) {
             GK_DEBUG("fd %d: no progress mid-frame for %u ms, closing", c->fd,
                      w->server->stall_timeout_ms);

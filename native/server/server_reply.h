@@ -1,0 +1,31 @@
+/*
+ * server_reply.h - the one way a handler answers a frame (Redis's addReply
+ * family): a handler says what the answer is, these encode it into the
+ * connection's output buffer, and nothing else writes there. The
+ * connection (server_conn.c) then sends it, followed for GET by the values
+ * straight from their pinned chunks. Each returns 0, or GDRKV_E_INTERNAL
+ * when out of memory (the connection is closed then).
+ */
+#ifndef GDRKV_SERVER_REPLY_H
+#define GDRKV_SERVER_REPLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct server_conn;
+
+/* Starts the answer to the current request: encodes its header and returns
+ * where its body_len body bytes go, or NULL when out of memory. */
+uint8_t *server_reply_start(struct server_conn *c, int32_t status, uint32_t count,
+                            uint32_t body_len, uint64_t payload_len);
+/* A status and nothing else. */
+int server_reply_status(struct server_conn *c, int32_t status);
+/* A refusal of the whole frame: status code, msg as the body. */
+int server_reply_error(struct server_conn *c, int32_t code, const char *msg, size_t len);
+/* One result per key (status, size); sizes may be NULL when every size is 0. */
+int server_reply_results(struct server_conn *c, uint32_t n, const int32_t *status,
+                         const uint64_t *sizes, uint64_t payload_len);
+/* len bytes of text (STATS). */
+int server_reply_text(struct server_conn *c, const char *text, size_t len);
+
+#endif

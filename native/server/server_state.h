@@ -1,0 +1,185 @@
+/*
+ * server_state.h - the structs every file of the server wing shares, at
+ * the bottom of the wing: the server, its workers and their counters, and
+ * a client connection with what its frame holds in the store.
+ *
+ * The wing, top to bottom (a file calls only files below it):
+ *   server.c          lifecycle: options, listening sockets, threads, stop
+ *   server_worker.c   one epoll loop per thread: accept, dispatch, ticks
+ *   server_conn.c     a connection's bytes and frames: the non-blocking
+ *                     read/execute/write state machine
+ *   server_ops.c      the meaning of each op, and every hold a frame leaves
+ *                     in the store (pins, leases, reservations, expiry)
+ *   server_stats.c    per-worker counters summed into the stats text
+ *   server_rdma.c     rdma resources: the registered pool, QPs per connection
+ *   server_reply.c    the one way a handler answers a frame
+ *   server_payload.c  where a frame's payload bytes go in the pool
+ */
+#ifndef GDRKV_SERVER_STATE_H
+#define GDRKV_SERVER_STATE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gdrkv.h"
+#include "common/net.h"
+#include "common/protocol.h"
+#include "common/stats.h"
+#include "server_payload.h"
+
+struct server_rdma;
+struct server_rdma_conn;
+struct store;
+
+#define SERVER_MAX_WORKERS 16
+#define SERVER_TICK_MS 100          /* how often workers look for stalled connections */
+#define SERVER_SCRATCH_SIZE (64u << 10)
+#define SERVER_STATS_MAX (16u << 10)
+
+/* Every plain counter of a worker, X(name, what it counts): this one list
+ * declares the fields, sums them over the workers and prints them
+ * (server_stats.c), so adding a counter is one line and the stats text,
+ * `gdrkv stat` and the metrics can't drift apart. Per-op counters follow. */
+#define SERVER_COUNTERS(X)                                                          \
+    X(connections_total, "connections accepted")                                    \
+    X(connections_rejected, "connections refused at accept (over max_connections)") \
+    X(bytes_in, "PUT payload bytes received")                                       \
+    X(bytes_out, "GET payload bytes sent")                                          \
+    X(frames_bad, "malformed or rejected frames")                                   \
+    X(shm_connections_total, "of connections_total, over the unix socket")          \
+    X(shm_connections_refused, "unix peers of another uid")                         \
+    X(shm_leases, "LEASE frames answered with offsets")                             \
+    X(shm_lease_bytes, "object bytes handed out under leases")                      \
+    X(shm_leases_expired, "leases (and RESERVEs) dropped by the timeout")           \
+    X(rdma_leases, "LEASE frames of rdma connections")                              \
+    X(rdma_lease_bytes, "object bytes they handed out for READs")                   \
+    X(rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")
+
+/* Written only by the worker that owns them, read by whoever asks for
+ * stats: relaxed atomics on both sides, summed over workers at read time. */
+struct server_counters {
+#define SERVER_COUNTER_FIELD(name, help) uint64_t name;
+    SERVER_COUNTERS(SERVER_COUNTER_FIELD)
+#undef SERVER_COUNTER_FIELD
+    uint64_t ops[GK_OP_MAX + 1];
+    uint64_t keys[GK_OP_MAX + 1];
+    struct gk_latency latency[GK_OP_MAX + 1];
+};
+
+struct server_worker {
+    struct gdrkv_server *server;
+    int epoll_fd;
+    int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
+    int runnable;                   /* some connection has work left without an event */
+    pthread_t thread;
+    struct server_conn *conns;      /* every connection this worker owns */
+    uint8_t *scratch;               /* sink for payload bytes nobody keeps */
+    struct server_counters counters;
+};
+
+struct gdrkv_server {
+    struct store *store;
+    int listen_fd;
+    int unix_fd;                    /* shm listener, or -1 */
+    char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
+    uint32_t lease_timeout_ms;
+    struct server_rdma *rdma;       /* NULL when rdma is off or unavailable */
+    int wake_fd;                    /* eventfd; becomes readable when stop begins */
+    char address[300];
+    uint32_t stall_timeout_ms;
+    uint32_t max_connections;
+    uint32_t connections;           /* open connections over all workers (atomic) */
+    uint64_t started_ns;
+    int nworkers;                   /* workers set up (epoll, scratch) */
+    int nthreads;                   /* worker threads actually running */
+    int housekeeper_running;
+    pthread_t housekeeper;
+    struct server_worker workers[SERVER_MAX_WORKERS];
+};
+
+/* ------------------------------------------------------------ connections
+ *
+ * One client connection of the server: a non-blocking
+ * state machine that reads a frame (header, body, and for PUT the payload
+ * straight into reserved pool chunks), has it executed (server_ops.c), and
+ * writes the response (for GET the values straight from pinned chunks).
+ * A connection belongs to the worker that accepted it and is only ever
+ * touched by that worker's thread.
+ *
+ * A local connection (unix socket) may also use the shm transport: HELLO
+ * passes it the pool's fd, and a LEASE's pins outlive the frame as the
+ * connection's lease, until RELEASE, the next frame, the lease timeout or
+ * the connection's end.
+ *
+ * Any connection may become an rdma one (server_rdma.h): RDMA_HELLO gives
+ * it QPs, and a RESERVE's reservations outlive the frame until COMMIT.
+ */
+
+enum server_conn_state {
+    CONN_READ_HDR,          /* between frames, or part of a header read */
+    CONN_READ_BODY,
+    CONN_SKIP,              /* dropping body and payload of a frame we can't serve */
+    CONN_READ_PAYLOAD,      /* PUT values, into reserved chunks */
+    CONN_WRITE              /* response, then GET values from pinned chunks */
+};
+
+/* What the frame in progress holds in the store. Released when the frame
+ * ends or the connection dies, whichever comes first. */
+enum server_conn_hold {
+    CONN_HOLDS_NOTHING,
+    CONN_HOLDS_PINS,        /* GET objects being sent, or LEASE objects being described */
+    CONN_HOLDS_RESERVATIONS,/* PUT objects being received */
+    CONN_HOLDS_LEASE        /* LEASE objects the client copies from the pool */
+};
+
+/* The per-key arrays of the frame in progress; they keep the largest size
+ * seen so far (at most GK_MAX_KEYS entries). */
+struct server_batch {
+    uint32_t cap;
+    struct gk_entry *entries;
+    struct store_obj **objs;
+    uint64_t *sizes;
+    int32_t *status;
+};
+
+struct server_conn {
+    int fd;
+    struct server_worker *worker;
+    struct server_conn *prev, *next; /* the worker's list */
+    enum server_conn_state state;
+    enum server_conn_hold holds;
+    uint32_t events;                /* epoll interest registered now */
+    int local;                      /* on the unix socket: shm allowed */
+    int close_after_write;          /* the stream can't be trusted past this frame */
+    int frame_executed;             /* counts in the per-op stats once written */
+    int runnable;                   /* stopped at the step bound with work left */
+    uint64_t last_progress_ns;      /* last time a byte moved: stall detection */
+    uint64_t frame_start_ns;        /* header complete: op latency */
+
+    uint8_t hdr_raw[GK_HDR_SIZE];
+    uint32_t hdr_got;
+    struct gk_hdr req;
+
+    uint8_t *body;
+    size_t body_cap;
+    uint32_t body_got;
+    uint64_t skip_left;
+
+    struct gk_ns ns;                /* points into body */
+    struct server_batch batch;
+    struct server_payload payload;
+
+    uint8_t *out;                   /* response header + body */
+    size_t out_cap, out_len, out_sent;
+    int pass_fd;                    /* sent with the response's first byte, or -1 */
+
+    uint32_t lease_count;           /* keys of the lease or RESERVE (batch.objs) */
+    uint64_t lease_bytes;           /* their bytes: a big transfer gets longer */
+    uint64_t lease_deadline_ns;
+    int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
+    int reserved_for_rdma;          /* the reservations are a RESERVE's, awaiting COMMIT */
+    struct server_rdma_conn *rdma;  /* QPs, after RDMA_HELLO */
+};
+
+#endif

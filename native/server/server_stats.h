@@ -1,0 +1,18 @@
+/*
+ * server_stats.h - the per-op counters of a worker and the stats text:
+ * the store's figures, then every worker's counters summed at read time.
+ */
+#ifndef GDRKV_SERVER_STATS_H
+#define GDRKV_SERVER_STATS_H
+
+#include <stdint.h>
+
+struct gdrkv_server;
+struct gk_text;
+struct server_counters;
+
+void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, uint64_t latency_us);
+/* Appends every server counter and the store's stats as "name value" lines. */
+void server_stats_text(struct gdrkv_server *s, struct gk_text *t);
+
+#endif
