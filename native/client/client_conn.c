@@ -22,12 +22,45 @@
 #include "client_server.h"
 #include "client_shm.h"
 #include "common/common.h"
+#include "common/grow.h"
 #include "gdrkv.h"
 #include "client_gpu.h"
 #include "common/log.h"
 
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
+
+/* What a frame is on the wire, chosen once when it begins (begin_frame) so
+ * that no later step tests the transport again: the request that goes
+ * first, what takes its answer, and the follow-up request that ends the
+ * exchange with what takes that answer. */
+struct client_exchange {
+    uint8_t request_op;                         /* 0: the batch's own op */
+    int (*take_answer)(struct client_conn *c);  /* the first answer, status 0 */
+    uint8_t followup_op;                        /* 0: none */
+    int (*take_followup)(struct client_conn *c);
+    int nic_moves_bytes;                        /* rdma: nothing is staged for GPU memory */
+};
+
+static int take_plain(struct client_conn *c);
+static int take_lease_shm(struct client_conn *c);
+static int take_lease_rdma(struct client_conn *c);
+static int take_reserve(struct client_conn *c);
+static int take_release(struct client_conn *c);
+static int take_commit(struct client_conn *c);
+
+/* Values on the socket: every op over tcp, and all but GET over shm. */
+static const struct client_exchange EXCHANGE_PLAIN = {0, take_plain, 0, NULL, 0};
+/* shm GET: the objects' pool offsets under a lease, copied out of the
+ * mapped pool, then RELEASE vouches they stayed pinned. */
+static const struct client_exchange EXCHANGE_SHM_LEASE = {
+    GK_OP_LEASE, take_lease_shm, GK_OP_RELEASE, take_release, 0};
+/* rdma GET: the same lease, its objects READ by the NIC. */
+static const struct client_exchange EXCHANGE_RDMA_LEASE = {
+    GK_OP_LEASE, take_lease_rdma, GK_OP_RELEASE, take_release, 1};
+/* rdma PUT: room reserved, the values WRITTEN into it, then COMMIT. */
+static const struct client_exchange EXCHANGE_RDMA_RESERVE = {
+    GK_OP_RESERVE, take_reserve, GK_OP_COMMIT, take_commit, 1};
 
 struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err)
 {
@@ -43,7 +76,7 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     if (fd < 0 && !s->shm_only)
         fd = gk_connect_tcp(&s->addr, deadline_ns);
     /* rdma: the RDMA_HELLO goes out now and its answer is read by the
-     * call's poll loop (CLIENT_CONN_HELLO), so a server that never answers
+     * call's poll loop (take_rdma_hello), so a server that never answers
      * holds up only its own keys. A fresh socket takes its ~200 bytes. */
     struct client_rdma_conn *rdma = NULL;
     if (fd >= 0 && !pool && s->rdma) {
@@ -140,11 +173,28 @@ static void encode_request(const struct client_batch *b, const struct client_fra
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
-/* An rdma LEASE or RESERVE: the NIC moves the bytes, GPU memory included,
- * so nothing is staged. */
-static int in_place_rdma(const struct client_conn *c)
+static const struct client_exchange *choose_exchange(const struct client_conn *c)
 {
-    return c->rdma && (c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE);
+    const struct client_batch *b = c->batch;
+
+    if (c->pool && b->opcode == GK_OP_GET)
+        return &EXCHANGE_SHM_LEASE;
+    if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
+        client_rdma_frame_ok(c->rdma, b, c->frame))
+        return b->opcode == GK_OP_GET ? &EXCHANGE_RDMA_LEASE : &EXCHANGE_RDMA_RESERVE;
+    return &EXCHANGE_PLAIN;
+}
+
+/* Every request, first or follow-up, goes out the same way: the iov is
+ * set up by the caller, the answer is awaited into the frame's buffer. */
+static void start_send(struct client_conn *c, uint8_t wire_op, uint64_t req_id)
+{
+    c->req_id = req_id;
+    c->wire_op = wire_op;
+    c->phase = CLIENT_CONN_SEND;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
 }
 
 /* Encodes the frame and starts sending it. */
@@ -153,28 +203,33 @@ static void begin_frame(struct client_conn *c)
     struct client_batch *b = c->batch;
     struct client_frame *f = c->frame;
 
-    c->req_id = c->next_req_id++;
-    c->wire_op = b->opcode;
-    if (c->pool && b->opcode == GK_OP_GET)
-        c->wire_op = GK_OP_LEASE;
-    else if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
-             client_rdma_frame_ok(c->rdma, b, f))
-        c->wire_op = b->opcode == GK_OP_GET ? GK_OP_LEASE : GK_OP_RESERVE;
+    c->x = choose_exchange(c);
+    start_send(c, c->x->request_op ? c->x->request_op : b->opcode, c->next_req_id++);
     encode_request(b, f, c->wire_op, c->req_id);
-    c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = f->buf + GK_HDR_SIZE;
     c->why = NULL;
     /* GPU segments: PUT values gathered into staging, tcp GET values
      * received into it (the iov below reads b->seg_ptrs, now redirected). */
-    c->gpu_err = b->gpu && !in_place_rdma(c) ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
+    c->gpu_err = b->gpu && !c->x->nic_moves_bytes ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
                     c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
 
-/* Whether the frame goes by RDMA is only known once RDMA_HELLO is
- * answered: until then the frame waits. */
+/* Sends the exchange's follow-up (RELEASE, COMMIT): req holds room for its
+ * header and count flag bytes, the flags already in place. */
+static void send_followup(struct client_conn *c, uint8_t *req, uint32_t count)
+{
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = c->x->followup_op,
+                       .count = count, .body_len = count};
+
+    start_send(c, h.opcode, c->next_req_id++);
+    h.req_id = c->req_id;
+    gk_hdr_encode(&h, req);
+    client_iov_init(&c->io, req, GK_HDR_SIZE + (size_t)count, c->batch, 0, 0, NULL);
+}
+
+/* Whether the frame goes by RDMA is only known once RDMA_HELLO (sent at
+ * open, request 1) is answered: until then the frame waits, and its
+ * connection reads that answer like any other (take_rdma_hello). */
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->batch = b;
@@ -183,9 +238,8 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
         begin_frame(c);
         return;
     }
-    c->phase = CLIENT_CONN_HELLO;
-    c->resp_decoded = 0;
-    c->got = 0;
+    start_send(c, GK_OP_RDMA_HELLO, 1);
+    c->phase = CLIENT_CONN_RECV_HEAD;
     c->why = NULL;
 }
 
@@ -256,8 +310,9 @@ static int send_request(struct client_conn *c)
 
 static uint32_t expected_count(const struct client_conn *c)
 {
-    return c->wire_op == GK_OP_RELEASE ? 0 : client_response_count(c->batch->opcode,
-                                                                    c->frame->count);
+    if (c->wire_op == GK_OP_RELEASE || c->wire_op == GK_OP_RDMA_HELLO)
+        return 0;
+    return client_response_count(c->batch->opcode, c->frame->count);
 }
 
 /* Checks the response header against the request, before the body is
@@ -285,8 +340,10 @@ static int take_header(struct client_conn *c)
             return broken(c, "result count differs from the key count");
         /* A LEASE's or RESERVE's chunk lists follow its results. */
         int lists = c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE;
+        /* STATS text and the RDMA_HELLO endpoint are bodies of their own. */
+        int own_body = op == GK_OP_STATS || c->wire_op == GK_OP_RDMA_HELLO;
         if (lists ? h->body_len < count * GK_RESULT_SIZE
-            : op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
+            : !own_body && h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
         if (c->wire_op != GK_OP_GET && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
@@ -305,21 +362,80 @@ static int take_header(struct client_conn *c)
     return 0;
 }
 
-/* ------------------------------------------------------------ shm */
-
 /* Queues the RELEASE that ends the lease; its answer ends the frame. */
 static void start_release(struct client_conn *c)
 {
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RELEASE};
+    send_followup(c, c->release, 0);
+}
 
-    c->req_id = h.req_id = c->next_req_id++;
-    c->wire_op = GK_OP_RELEASE;
-    gk_hdr_encode(&h, c->release);
-    c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = c->frame->buf + GK_HDR_SIZE;
-    client_iov_init(&c->io, c->release, GK_HDR_SIZE, c->batch, 0, 0, NULL);
+/* ------------------------------------------------------------ answers */
+
+/* Decodes a keyed answer's results into the batch, each checked; a GET's
+ * announced sizes are checked against its destinations before any value
+ * is read. *payload: the bytes the GET's values carry. */
+static int read_results(struct client_conn *c, uint64_t *payload)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint8_t op = b->opcode;
+
+    *payload = 0;
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        int64_t result = r.status;
+        uint64_t carried = 0;
+        if (r.status == 0) {
+            if (r.size > GK_MAX_OBJECT)
+                return broken(c, "object size over the limit");
+            if (op == GK_OP_GET && r.size > b->sizes[p])
+                return broken(c, "object larger than its destination");
+            carried = op == GK_OP_GET ? r.size : 0;
+            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
+        }
+        if (op == GK_OP_GET) {
+            b->got[p] = carried;
+            *payload += carried;
+        }
+        b->results[b->index[p]] = result;
+    }
+    return 0;
+}
+
+/* The answer of a frame whose values (if any) travel on the socket. */
+static int take_plain(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+    const struct gk_hdr *h = &c->resp;
+
+    if (client_op_has_keys(b->opcode)) {
+        uint64_t payload;
+        int rc = read_results(c, &payload);
+        if (rc)
+            return rc;
+        if (payload != h->payload_len)
+            return broken(c, "payload length differs from the object sizes");
+        if (payload)
+            client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+    } else if (b->opcode == GK_OP_CLEAR) {
+        struct gk_result r;
+        gk_result_decode(c->body, &r);
+        if (r.status > 0 || r.size > INT64_MAX)
+            return broken(c, "bad clear result");
+        f->result = r.status < 0 ? r.status : (int64_t)r.size;
+    } else if (b->opcode == GK_OP_STATS) {
+        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
+        memcpy(b->text, c->body, len);
+        b->text[len] = '\0';
+        f->result = (int64_t)len;
+    } else {
+        f->result = 0;
+    }
+    return 0;
 }
 
 /* What an rdma run's outcome means for the frame: a broken QP has failed
@@ -338,27 +454,47 @@ static int rdma_outcome(struct client_conn *c, int rc)
     return rc;
 }
 
-/* The LEASE answered: copies (shm) or READs (rdma) the objects out of the
- * pool, then releases. A lease with nothing to copy needs no confirmation;
- * the server drops it when the next frame comes. */
-static int copy_leased(struct client_conn *c, uint64_t bytes)
+/* The chunk lists that follow a LEASE's or RESERVE's results. */
+static const uint8_t *chunk_lists(const struct client_conn *c, size_t *len)
+{
+    size_t results_len = (size_t)c->frame->count * GK_RESULT_SIZE;
+    *len = c->resp.body_len - results_len;
+    return c->body + results_len;
+}
+
+/* The LEASE answered over rdma: READs the objects out of the pool, then
+ * releases. A lease with nothing to read needs no confirmation; the
+ * server drops it when the next frame comes. */
+static int take_lease_rdma(struct client_conn *c)
+{
+    uint64_t bytes;
+    size_t len;
+    int rc = read_results(c, &bytes);
+    if (rc || bytes == 0)
+        return rc;
+    const uint8_t *lists = chunk_lists(c, &len);
+    rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
+    if (rc == 0)
+        start_release(c);
+    return rc;
+}
+
+/* The LEASE answered over shm: copies the objects out of the mapped pool
+ * (GPU pieces by one kernel launch), then releases. */
+static int take_lease_shm(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+    uint64_t bytes;
+    size_t len;
 
-    if (c->rdma) {
-        int rc = bytes ? rdma_outcome(c, client_rdma_read(c->rdma, c->body + results_len,
-                                                          c->resp.body_len - results_len, b, f))
-                       : 0;
-        if (rc == 0 && bytes > 0)
-            start_release(c);
+    int rc = read_results(c, &bytes);
+    if (rc)
         return rc;
-    }
+    const uint8_t *lists = chunk_lists(c, &len);
     struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
-    int rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
-             : client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len,
-                               b, f->first, f->count, &c->copies, gpu);
+    rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
+         : client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
          * ones meanwhile; the RELEASE goes once the kernel is done too
@@ -393,21 +529,15 @@ static int copy_leased(struct client_conn *c, uint64_t bytes)
 
 /* The RESERVE answered: WRITEs the values of the reserved keys, then
  * COMMITs those whose bytes all arrived (flags, one per key of the frame). */
-static int write_reserved(struct client_conn *c)
+static int take_reserve(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
-    size_t need = GK_HDR_SIZE + (size_t)f->count;
+    size_t len;
 
-    if (need > c->commit_cap) {
-        uint8_t *p = realloc(c->commit, need);
-        if (!p) {
-            c->why = "out of memory";
-            return GDRKV_E_INTERNAL;
-        }
-        c->commit = p;
-        c->commit_cap = need;
+    if (gk_buf_reserve(&c->commit, &c->commit_cap, GK_HDR_SIZE + (size_t)f->count) < 0) {
+        c->why = "out of memory";
+        return GDRKV_E_INTERNAL;
     }
     uint8_t *flags = c->commit + GK_HDR_SIZE;
     for (uint32_t k = 0; k < f->count; k++) {
@@ -421,8 +551,8 @@ static int write_reserved(struct client_conn *c)
         flags[k] = r.status == 0;
         b->results[b->index[p]] = r.status < 0 ? r.status : 0;
     }
-    int rc = rdma_outcome(c, client_rdma_write(c->rdma, c->body + results_len,
-                                               c->resp.body_len - results_len, b, f, flags));
+    const uint8_t *lists = chunk_lists(c, &len);
+    int rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
     if (rc)
         return rc;
     /* Reserved keys COMMIT drops make the server stop this connection's
@@ -433,33 +563,29 @@ static int write_reserved(struct client_conn *c)
         if (r.status == 0 && !flags[k])
             c->rdma_broken = 1;
     }
-
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_COMMIT,
-                       .count = f->count, .body_len = f->count};
-    c->req_id = h.req_id = c->next_req_id++;
-    c->wire_op = GK_OP_COMMIT;
-    gk_hdr_encode(&h, c->commit);
-    c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = c->frame->buf + GK_HDR_SIZE;
-    client_iov_init(&c->io, c->commit, need, b, 0, 0, NULL);
+    send_followup(c, c->commit, f->count);
     return 0;
 }
 
 /* COMMIT answered: the server's word on the keys committed; the others
- * keep what RESERVE or the WRITEs gave them. */
+ * keep what RESERVE or the WRITEs gave them. A refused COMMIT means the
+ * reservations expired (or the server lost them): what was to be
+ * committed is not stored, and the QPs are gone with them. */
 static int take_commit(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
     const uint8_t *flags = c->commit + GK_HDR_SIZE;
+    int32_t status = c->resp.status;
 
+    if (status)
+        c->rdma_broken = 1;
     for (uint32_t k = 0; k < f->count; k++) {
-        struct gk_result r;
+        struct gk_result r = {.status = status};
         if (!flags[k])
             continue;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (!status)
+            gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
         if (r.status > 0)
             return broken(c, "positive key status");
         b->results[b->index[f->first + k]] = r.status;
@@ -470,7 +596,7 @@ static int take_commit(struct client_conn *c)
 /* RELEASE answered: status 0 vouches for the bytes copied under the lease;
  * otherwise the lease was lost (the timeout dropped it) and the bytes may
  * be another object's, so every key of the frame fails. */
-static int end_lease(struct client_conn *c)
+static int take_release(struct client_conn *c)
 {
     int32_t status = c->resp.status;
     if (status) {
@@ -482,90 +608,44 @@ static int end_lease(struct client_conn *c)
     return 1;
 }
 
-/* ------------------------------------------------------------ results */
-
-/* Writes the keys' results. A GET's announced sizes are checked against
- * the destinations and the payload length before the values are read. */
-static int take_results(struct client_conn *c)
+/* The RDMA_HELLO answer. When the server has no rdma (or can't set it up)
+ * under transport auto, the connection goes on as a plain tcp one; under
+ * transport rdma it fails. Then the frame begins. */
+static int take_rdma_hello(struct client_conn *c)
 {
-    struct client_batch *b = c->batch;
-    const struct client_frame *f = c->frame;
-    uint8_t op = b->opcode;
-    uint64_t payload = 0;
-
-    if (c->wire_op == GK_OP_RESERVE)
-        return write_reserved(c);
-    for (uint32_t k = 0; k < f->count; k++) {
-        uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
-        if (r.status > 0)
-            return broken(c, "positive key status");
-        int64_t result = r.status;
-        uint64_t carried = 0;
-        if (r.status == 0) {
-            if (r.size > GK_MAX_OBJECT)
-                return broken(c, "object size over the limit");
-            if (op == GK_OP_GET && r.size > b->sizes[p])
-                return broken(c, "object larger than its destination");
-            carried = op == GK_OP_GET ? r.size : 0;
-            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
-        }
-        if (op == GK_OP_GET) {
-            b->got[p] = carried;
-            payload += carried;
-        }
-        b->results[b->index[p]] = result;
+    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body, c->resp.body_len);
+    c->hello_pending = 0;
+    if (rc && c->rdma_only) {
+        c->why = "the server has no rdma";
+        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
     }
-    if (c->wire_op == GK_OP_LEASE)
-        return copy_leased(c, payload);
-    if (payload != c->resp.payload_len)
-        return broken(c, "payload length differs from the object sizes");
-    if (payload)
-        client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+    if (rc) {
+        /* The whole answer was read: the socket serves plain frames. */
+        client_rdma_conn_close(c->rdma);
+        c->rdma = NULL;
+    }
+    begin_frame(c);
     return 0;
 }
 
+/* The answer's body is in: the exchange's handler takes it. */
 static int take_body(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
-    struct client_frame *f = c->frame;
     const struct gk_hdr *h = &c->resp;
     int rc = 0;
 
-    if (c->wire_op == GK_OP_RELEASE) {
-        rc = end_lease(c);
-    } else if (c->wire_op == GK_OP_COMMIT && h->status) {
-        /* The reservations expired (or the server lost them): what was to
-         * be committed is not stored, and the QPs are gone with them. */
-        const uint8_t *flags = c->commit + GK_HDR_SIZE;
-        for (uint32_t k = 0; k < f->count; k++)
-            if (flags[k])
-                b->results[b->index[f->first + k]] = h->status;
-        c->rdma_broken = 1;
-        rc = 1;
-    } else if (c->wire_op == GK_OP_COMMIT) {
-        rc = take_commit(c);
+    if (c->wire_op == GK_OP_RDMA_HELLO) {
+        rc = take_rdma_hello(c);
+    } else if (c->wire_op == c->x->followup_op) {
+        rc = c->x->take_followup(c);
     } else if (h->status) {
         GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
                  gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
                  (const char *)c->body);
-        client_frame_fail(b, f, h->status);
-    } else if (client_op_has_keys(b->opcode)) {
-        rc = take_results(c);
-    } else if (b->opcode == GK_OP_CLEAR) {
-        struct gk_result r;
-        gk_result_decode(c->body, &r);
-        if (r.status > 0 || r.size > INT64_MAX)
-            rc = broken(c, "bad clear result");
-        f->result = r.status < 0 ? r.status : (int64_t)r.size;
-    } else if (b->opcode == GK_OP_STATS) {
-        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
-        memcpy(b->text, c->body, len);
-        b->text[len] = '\0';
-        f->result = (int64_t)len;
+        client_frame_fail(b, c->frame, h->status);
     } else {
-        f->result = 0;
+        rc = c->x->take_answer(c);
     }
     free(c->body_heap);
     c->body_heap = NULL;
@@ -573,7 +653,7 @@ static int take_body(struct client_conn *c)
         return rc;
     if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
         return 0;       /* a lease or a reservation: RELEASE or COMMIT goes next */
-    /* Only a GET has a payload, and take_results has set up its stream. */
+    /* Only a GET has a payload, and take_plain has set up its stream. */
     if (h->status || h->payload_len == 0)
         return 1;
     c->phase = CLIENT_CONN_RECV_PAYLOAD;
@@ -649,65 +729,9 @@ static int wait_gpu(struct client_conn *c)
     return 0;
 }
 
-/* ------------------------------------------------------------ rdma set-up */
-
-/* The RDMA_HELLO answer: header, then its body into the heap. When the
- * server has no rdma (or can't set it up) under transport auto, the
- * connection goes on as a plain tcp one; under transport rdma it fails. */
-static int recv_hello(struct client_conn *c)
-{
-    for (;;) {
-        uint8_t *dst = c->got < GK_HDR_SIZE ? c->hello_hdr + c->got
-                                            : c->body_heap + (c->got - GK_HDR_SIZE);
-        size_t want = c->got < GK_HDR_SIZE ? GK_HDR_SIZE - c->got
-                                           : GK_HDR_SIZE + (size_t)c->resp.body_len - c->got;
-        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
-        if (want && n <= 0)
-            return stalled_or_lost(c, n);
-        c->got += (size_t)n;
-        if (!c->resp_decoded && c->got == GK_HDR_SIZE) {
-            struct gk_hdr *h = &c->resp;
-            gk_hdr_decode(c->hello_hdr, h);
-            if (h->magic != GK_MAGIC || h->version != GK_VERSION ||
-                h->opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) || h->req_id != 1 ||
-                h->count || h->payload_len || h->body_len > GK_MAX_BODY) {
-                c->why = "bad rdma hello answer";
-                return GDRKV_E_PROTOCOL;
-            }
-            c->body_heap = malloc(GK_MAX(h->body_len, 1u));
-            if (!c->body_heap) {
-                c->why = "out of memory";
-                return GDRKV_E_INTERNAL;
-            }
-            c->resp_decoded = 1;
-            continue;
-        }
-        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
-            break;
-        if ((size_t)n < want)
-            return 0;
-    }
-    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body_heap, c->resp.body_len);
-    free(c->body_heap);
-    c->body_heap = NULL;
-    c->hello_pending = 0;
-    if (rc && c->rdma_only) {
-        c->why = "the server has no rdma";
-        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
-    }
-    if (rc) {
-        /* The whole answer was read: the socket serves plain frames. */
-        client_rdma_conn_close(c->rdma);
-        c->rdma = NULL;
-    }
-    begin_frame(c);
-    return 0;
-}
-
 static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
-    case CLIENT_CONN_HELLO: return recv_hello(c);
     case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);

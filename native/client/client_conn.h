@@ -32,13 +32,13 @@
 #include "common/protocol.h"
 
 enum client_conn_phase {
-    CLIENT_CONN_HELLO,          /* rdma: the RDMA_HELLO answer, before the frame starts */
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
     CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
 };
 
+struct client_exchange;
 struct client_server;
 struct client_pool;
 struct gpu_conn;
@@ -52,13 +52,13 @@ struct client_conn {
     int rdma_broken;            /* a QP failed: finish the frame, then close */
     int rdma_only;              /* transport rdma: no plain frames if the set-up fails */
     int hello_pending;          /* RDMA_HELLO sent, its answer not read yet */
-    uint8_t hello_hdr[GK_HDR_SIZE];
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
     struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
     int gpu_err;                /* the frame's GPU staging failed: fail it */
 
     /* The frame in flight. */
+    const struct client_exchange *x;    /* what it is on the wire (client_conn.c) */
     enum client_conn_phase phase;
     struct client_batch *batch;
     struct client_frame *frame;
