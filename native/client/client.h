@@ -1,21 +1,8 @@
 /*
- * client.h - the client's internals, shared by client*.c: the client
- * object, its counters, and the two kinds of call every public operation
- * becomes: a keyed batch routed key by key, or one keyless frame to each
- * of some servers.
- *
- *   client.c          public API: options, server table, stats, entry points
- *   client_batch.c    a call -> checked, routed, striped keys -> jobs and frames
- *   client_run.c      connections for the jobs, the poll loop, health reports
- *   client_conn.c     one connection's non-blocking frame state machine
- *   client_iov.c      a frame's bytes as iovec windows over caller segments
- *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
- *   client_copy.c     shm: the copies, with helper threads for large frames
- *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments
- *   client_rdma.c     rdma: device, MRs, QPs per connection, READs and WRITEs
- *   client_server.c   one server: idle connection pool and health/backoff
- *   client_regions.c  registered memory ranges
- *   route.c           rendezvous hashing of keys to servers
+ * client.h - the top of the client wing (the map of its files is in
+ * client_state.h): the client object, its counters, and the two kinds of
+ * call every public operation becomes: a keyed batch routed key by key, or
+ * one keyless frame to each of some servers.
  */
 #ifndef GDRKV_CLIENT_H
 #define GDRKV_CLIENT_H

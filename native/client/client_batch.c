@@ -216,16 +216,6 @@ static int plan(struct gdrkv_client *c, struct client_call *call,
     return 0;
 }
 
-void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
-{
-    if (!client_op_has_keys(b->opcode)) {
-        f->result = err;
-        return;
-    }
-    for (uint32_t p = f->first; p < f->first + f->count; p++)
-        b->results[b->index[p]] = err;
-}
-
 /* ------------------------------------------------------------ keyed calls */
 
 static int key_len_ok(uint32_t len)

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "client.h"
-#include "client_batch.h"
+#include "client_state.h"
 #include "client_copy.h"
 #include "client_shm.h"
 #include "common/common.h"

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 #include "client_copy.h"
 
 struct client_server;

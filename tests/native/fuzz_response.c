@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/client_batch.h"
+#include "client/client_state.h"
 #include "client/client_chunks.h"
 #include "common/common.h"
 #include "gdrkv.h"
