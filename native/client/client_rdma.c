@@ -7,12 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client_chunks.h"
 #include "common/common.h"
 #include "common/grow.h"
-#include "gpu/cuda.h"
 #include "client_gpu.h"
 #include "gdrkv.h"
 #include "common/log.h"
@@ -49,78 +47,23 @@ int client_rdma_init(struct client_rdma *r)
 
 #ifdef GDRKV_HAVE_VERBS
 #include "rdma/rdma_dev.h"
+#include "rdma/rdma_mr.h"
 #include "rdma/rdma_qp.h"
 
 /* ------------------------------------------------------------ flush READs */
 
-/* A QP connected to itself, and a few bytes of host memory to READ into:
- * a READ of GPU memory the NIC just wrote makes those writes visible to
- * the GPU (NCCL's gpuFlush). Before Hopper a completion alone does not. */
-struct flusher {
-    struct rdma_qps qps;
-    struct ibv_mr *mr;
-    uint8_t scratch[64];
-};
-
-static void flusher_free(struct rdma_dev *d, struct flusher *f)
-{
-    if (f->qps.n || f->qps.cq)
-        rdma_qps_destroy(d, &f->qps);
-    if (f->mr)
-        d->ibv->dereg_mr(f->mr);
-    free(f);
-}
-
-static struct flusher *flusher_new(struct rdma_dev *d)
-{
-    struct flusher *f = calloc(1, sizeof *f);
-    struct rdma_endpoint self;
-    if (!f)
-        return NULL;
-    f->mr = d->ibv->reg_mr(d->pd, f->scratch, sizeof f->scratch, IBV_ACCESS_LOCAL_WRITE);
-    if (!f->mr || rdma_qps_create(d, &f->qps, 1, 2, 1, 1)) {
-        flusher_free(d, f);
-        return NULL;
-    }
-    f->qps.rd_atomic = 1;
-    rdma_qps_describe(d, &f->qps, &self);
-    if (rdma_qps_connect(d, &f->qps, &self, 1)) {
-        flusher_free(d, f);
-        return NULL;
-    }
-    return f;
-}
-
-/* One signalled 1-byte READ from addr, waited for, under flush_lock:
- * flushes are rare (one per batch into a pre-Hopper GPU) and tiny. */
+/* One flush READ from addr under flush_lock: flushes are rare (one per
+ * batch into a pre-Hopper GPU) and tiny. A failed flusher is dropped and
+ * made anew next time. */
 static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
 {
     struct rdma_dev *d = r->dev;
-    if (!r->flusher && !(r->flusher = flusher_new(d)))
+    if (!r->flusher && !(r->flusher = rdma_flusher_new(d)))
         return GDRKV_E_UNAVAILABLE;
-    struct flusher *f = r->flusher;
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)f->scratch, .length = 1,
-                          .lkey = f->mr->lkey};
-    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
-                             .send_flags = IBV_SEND_SIGNALED,
-                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}};
-    struct ibv_send_wr *bad = NULL;
-    struct ibv_qp *qp = f->qps.qp[0];
-    int rc = qp->context->ops.post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
-    while (rc == GDRKV_E_TIMEOUT) {
-        struct ibv_wc wc;
-        int n = f->qps.cq->context->ops.poll_cq(f->qps.cq, 1, &wc);
-        if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS))
-            rc = GDRKV_E_UNAVAILABLE;
-        else if (n == 1)
-            rc = 0;
-        else if (gk_now_ns() >= deadline_ns)
-            break;
-    }
+    int rc = rdma_flush_read(r->flusher, addr, rkey, deadline_ns);
     if (rc) {
-        /* A QP in error or with a READ outstanding: start over next time. */
         GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(rc));
-        flusher_free(d, f);
+        rdma_flusher_free(d, r->flusher);
         r->flusher = NULL;
     }
     __atomic_fetch_add(&r->flush_reads, 1, __ATOMIC_RELAXED);
@@ -133,12 +76,9 @@ void client_rdma_destroy(struct client_rdma *r)
 {
     struct rdma_dev *d = r->dev;
     if (r->flusher)
-        flusher_free(d, r->flusher);
-    for (uint32_t i = 0; i < r->nmrs; i++) {
-        d->ibv->dereg_mr(r->mrs[i].mr);
-        if (r->mrs[i].dmabuf_fd >= 0)
-            close(r->mrs[i].dmabuf_fd);
-    }
+        rdma_flusher_free(d, r->flusher);
+    for (uint32_t i = 0; i < r->nmrs; i++)
+        rdma_mr_deregister(d, r->mrs[i].mr, r->mrs[i].dmabuf_fd);
     free(r->mrs);
     if (d) {
         rdma_dev_close(d);
@@ -173,84 +113,6 @@ int client_rdma_ready(struct client_rdma *r)
     return rc;
 }
 
-/* ------------------------------------------------------------ GPU memory */
-
-/* "dddd:bb:dd.0" of a GPU, for choosing the NIC nearest to it. */
-static const char *gpu_pci_address(int device, char *buf, size_t len)
-{
-    const struct gk_cuda *cu = gk_cuda_if_loaded();
-    CUdevice dev;
-    int domain, bus, slot;
-    if (!cu || cu->cuDeviceGet(&dev, device) ||
-        cu->cuDeviceGetAttribute(&domain, GK_CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev) ||
-        cu->cuDeviceGetAttribute(&bus, GK_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) ||
-        cu->cuDeviceGetAttribute(&slot, GK_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev))
-        return NULL;
-    snprintf(buf, len, "%04x:%02x:%02x.0", (unsigned)domain, (unsigned)bus, (unsigned)slot);
-    return buf;
-}
-
-/* Before Hopper (compute capability 9), a NIC write completing does not
- * mean the GPU sees it: such memory needs the flush READ. */
-static int gpu_needs_flush(int device)
-{
-    const struct gk_cuda *cu = gk_cuda_if_loaded();
-    CUdevice dev;
-    int major = 0;
-    if (!cu || cu->cuDeviceGet(&dev, device) ||
-        cu->cuDeviceGetAttribute(&major, GK_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-        return 1;   /* unknown: the safe side */
-    return major < 9;
-}
-
-/* GPU memory through dma-buf: exported from its allocation's base (page
- * aligned, as the driver wants), registered at the range's offset, so
- * every NIC shares one BAR1 mapping of the allocation. Without dma-buf
- * (old driver or rdma-core) plain ibv_reg_mr works where nvidia-peermem
- * is loaded. */
-static struct ibv_mr *reg_gpu(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access,
-                              int *dmabuf_fd)
-{
-    const struct gk_cuda *cu = gk_cuda_if_loaded();
-    CUdeviceptr base;
-    size_t size;
-    *dmabuf_fd = -1;
-    if (cu && cu->cuMemGetHandleForAddressRange && d->ibv->reg_dmabuf_mr &&
-        cu->cuMemGetAddressRange(&base, &size, ptr) == GK_CUDA_SUCCESS) {
-        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-        uint64_t start = base & ~(page - 1);
-        uint64_t span = (base + size - start + page - 1) & ~(page - 1);
-        int fd = -1;
-        CUresult cr = cu->cuMemGetHandleForAddressRange(&fd, start, span,
-                                                        GK_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-        if (cr == GK_CUDA_SUCCESS && fd >= 0) {
-            struct ibv_mr *mr = d->ibv->reg_dmabuf_mr(d->pd, ptr - start, len, ptr, fd, access);
-            if (mr) {
-                *dmabuf_fd = fd;
-                return mr;
-            }
-            GK_INFO("rdma: dma-buf registration failed (%s); trying nvidia-peermem",
-                    strerror(errno));
-            close(fd);
-        } else {
-            GK_INFO("rdma: no dma-buf for GPU memory (%s); trying nvidia-peermem",
-                    gk_cuda_strerror(cr));
-        }
-    }
-    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
-}
-
-/* access carries relaxed ordering where the library knows the flag
- * (ibv_reg_mr_iova2 came with it): the NIC may then reorder its PCIe
- * writes, much faster to GPUs behind some root complexes, and safe for
- * one-sided data whose completion is what the reader waits for. */
-static struct ibv_mr *reg_host(struct rdma_dev *d, uint64_t ptr, uint64_t len, int access)
-{
-    if (d->ibv->reg_mr_iova2)
-        return d->ibv->reg_mr_iova2(d->pd, (void *)(uintptr_t)ptr, len, ptr, (unsigned)access);
-    return d->ibv->reg_mr(d->pd, (void *)(uintptr_t)ptr, len, access);
-}
-
 /* Registration can take seconds for a large or GPU range: it runs
  * outside the lock, so other threads' calls go on meanwhile. The regions
  * table (client_regions.c) already refused overlapping ranges. */
@@ -258,8 +120,8 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
 {
     char pci[32];
     pthread_mutex_lock(&r->lock);
-    int rc = ready_locked(r, device >= 0 && r->state == 0 ? gpu_pci_address(device, pci, sizeof pci)
-                                                          : NULL);
+    int rc = ready_locked(r, device >= 0 && r->state == 0
+                                 ? rdma_gpu_pci_address(device, pci, sizeof pci) : NULL);
     pthread_mutex_unlock(&r->lock);
     if (rc)
         return rc;
@@ -269,13 +131,10 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
     /* Remote read only for the flush QP, which is connected to itself: the
      * data QPs grant the server no access at all. */
     int flush = r->flush_mode == CLIENT_RDMA_FLUSH_ALWAYS ||
-                (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 && gpu_needs_flush(device));
-    int access = IBV_ACCESS_LOCAL_WRITE | (flush ? IBV_ACCESS_REMOTE_READ : 0);
-    int dmabuf_fd = -1;
-    if (d->ibv->reg_mr_iova2)
-        access |= IBV_ACCESS_RELAXED_ORDERING;
-    struct ibv_mr *mr = device >= 0 ? reg_gpu(d, ptr, len, access, &dmabuf_fd)
-                                    : reg_host(d, ptr, len, access);
+                (r->flush_mode == CLIENT_RDMA_FLUSH_AUTO && device >= 0 &&
+                 rdma_gpu_needs_flush(device));
+    int dmabuf_fd;
+    struct ibv_mr *mr = rdma_mr_register(d, ptr, len, device, flush, &dmabuf_fd);
     if (!mr) {
         GK_WARN("rdma: cannot register %llu bytes at 0x%llx on %s: %s", (unsigned long long)len,
                 (unsigned long long)ptr, d->name, strerror(errno));
@@ -295,9 +154,7 @@ int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int 
     }
     pthread_mutex_unlock(&r->lock);
     if (mr) {
-        d->ibv->dereg_mr(mr);
-        if (dmabuf_fd >= 0)
-            close(dmabuf_fd);
+        rdma_mr_deregister(d, mr, dmabuf_fd);
         return GDRKV_E_INTERNAL;
     }
     return 0;
@@ -308,9 +165,7 @@ void client_rdma_unregister(struct client_rdma *r, uint64_t ptr)
     pthread_mutex_lock(&r->lock);
     for (uint32_t i = 0; i < r->nmrs; i++) {
         if (r->mrs[i].ptr == ptr) {
-            ((struct rdma_dev *)r->dev)->ibv->dereg_mr(r->mrs[i].mr);
-            if (r->mrs[i].dmabuf_fd >= 0)
-                close(r->mrs[i].dmabuf_fd);
+            rdma_mr_deregister(r->dev, r->mrs[i].mr, r->mrs[i].dmabuf_fd);
             r->mrs[i] = r->mrs[--r->nmrs];
             break;
         }
