@@ -1,6 +1,7 @@
 """Shared fixtures and helpers: real `gdrkv serve` processes, clients, and
 content that is a pure function of its key so any read can be checked
 without remembering what was written."""
+import contextlib
 import ctypes
 import faulthandler
 import hashlib
@@ -117,6 +118,43 @@ def check_read(key, size, result, value, allowed_errors=(gdrkv.errors.E_NOT_FOUN
     assert result == size, f"{key!r}: read {result} bytes, stored {size}"
     assert value == content(key, size), f"{key!r}: wrong bytes"
     return True
+
+
+@contextlib.contextmanager
+def background(*targets, timeout=60.0):
+    """Runs each target in its own thread while the block runs; on leaving,
+    joins them all within timeout seconds, fails if one is still running
+    and re-raises the first exception a thread raised (pytest would only
+    warn about it)."""
+    errors = []
+
+    def guarded(target):
+        def run():
+            try:
+                target()
+            except BaseException as e:      # re-raised in the test's thread
+                errors.append(e)
+        return run
+
+    threads = [threading.Thread(target=guarded(t), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    try:
+        yield threads
+    finally:
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    hung = sum(t.is_alive() for t in threads)
+    assert not hung, f"{hung} of {len(threads)} threads still running after {timeout} s"
+    if errors:
+        raise errors[0]
+
+
+def run_threads(*targets, timeout=60.0):
+    """Runs the targets in parallel threads to the end (see background)."""
+    with background(*targets, timeout=timeout):
+        pass
 
 
 def wait_for(predicate, timeout, what):

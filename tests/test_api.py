@@ -30,15 +30,15 @@ def test_strerror_and_error_class():
     assert "busy" in str(err)
 
 
-@pytest.mark.parametrize("memory, nbytes", [
+@pytest.mark.parametrize("memory, pool_bytes", [
     (48 * MiB, 48 * MiB), ("48MiB", 48 * MiB), ("48M", 48 * MiB), (str(48 * MiB), 48 * MiB),
     ("1GiB", 1 << 30), ("1G", 1 << 30),
+    # The pool is whole 1 MiB slab pages: a remainder is left out.
+    (48 * MiB + 4096, 48 * MiB), (str(48 * MiB + MiB - 1), 48 * MiB),
 ])
-def test_server_memory_spellings(memory, nbytes):
+def test_server_memory_spellings(memory, pool_bytes):
     with gdrkv.Server(memory=memory, pretouch=False) as server:
-        pool = server.stats()["pool_bytes"]
-        # The pool is rounded down to whole slab pages.
-        assert 0.9 * nbytes <= pool <= nbytes, pool
+        assert server.stats()["pool_bytes"] == pool_bytes
 
 
 @pytest.mark.parametrize("memory", ["banana", "-5MiB", "12XB", 0, -1, ""])

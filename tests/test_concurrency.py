@@ -4,15 +4,16 @@ exact bytes.
 
 Run as a script (`test_concurrency.py URL NAMESPACE SEED`) it is one of the
 worker processes of test_processes_share_a_server."""
+import functools
 import random
 import subprocess
 import sys
-import threading
 
 import pytest
 
 import conftest
-from conftest import batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
+from conftest import (batch_get_bytes, batch_put_bytes, check_read, content, run_threads, stat,
+                      unique, wait_for)
 from gdrkv import errors
 
 SERVER_MEMORY = "128MiB"
@@ -65,22 +66,9 @@ TRANSPORTS = pytest.mark.parametrize("transport", conftest.TRANSPORTS)
 @TRANSPORTS
 def test_threads_share_a_client(server, make_client, transport):
     client = make_client(server.url, namespace=unique("threads"), transport=transport)
-    put, failures = set(), []
-
-    def worker(seed):
-        try:
-            put.update(hammer(client, seed))
-        except BaseException as e:         # re-raised in the main thread
-            failures.append(e)
-
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a worker thread hung"
-    if failures:
-        raise failures[0]
+    put = set()
+    run_threads(*[functools.partial(lambda s: put.update(hammer(client, s)), seed)
+                  for seed in range(8)], timeout=120)
     assert_all_present(client, put)
     client.close()
     connections_settle(server)

@@ -13,7 +13,7 @@ import pytest
 import gdrkv
 from gdrkv import gpu
 from gdrkv.errors import E_INVALID, E_NOT_FOUND
-from conftest import SOFTVERBS, batch_put_bytes, content, stat, unique
+from conftest import SOFTVERBS, background, batch_put_bytes, content, stat, unique
 
 GPU_OK, GPU_WHY = gpu.available()
 pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
@@ -68,9 +68,12 @@ def write_gpu(torch, tensor, ptrs, values):
 
 
 def client_for(make_client, server, transport, **options):
+    """A client whose first connection is open and proven to be of the
+    transport asked for: shm maps the pool, tcp and rdma never do."""
     client = make_client(server.url, namespace=unique("gpu"), transport=transport, **options)
-    if transport == "shm":
-        assert client.stats()["client"]["shm_connects"] >= 0
+    assert client.batch_exists(["no-such-key"]) == [False]
+    shm_connects = stat(client.stats()["client"], "shm_connects")
+    assert (shm_connects > 0) == (transport == "shm"), (transport, shm_connects)
     return client
 
 
@@ -275,15 +278,13 @@ def test_kernel_copy_racing_eviction_keeps_leases(torch, server_factory, make_cl
         n = 0
         while not stop.is_set():
             keys = [f"flood-{n}-{i}" for i in range(8)]
-            batch_put_bytes(writer, keys, [content(k, 1 << 20) for k in keys])
+            assert batch_put_bytes(writer, keys, [content(k, 1 << 20) for k in keys]) == [0] * 8
             n += 1
 
     keys = [f"race-{i}" for i in range(count)]
     assert batch_put_bytes(writer, keys, [content(k, size) for k in keys]) == [0] * count
-    thread = threading.Thread(target=flood)
-    thread.start()
     hits = 0
-    try:
+    with background(flood, timeout=60):
         for _ in range(40):
             results = reader.batch_get(keys, ptrs, [size] * count)
             got = read_gpu(torch, dest, ptrs, size)
@@ -294,9 +295,7 @@ def test_kernel_copy_racing_eviction_keeps_leases(torch, server_factory, make_cl
                     errors.append((key, r))
                 hits += r == size
             batch_put_bytes(writer, keys, [content(k, size) for k in keys])
-    finally:
         stop.set()
-        thread.join()
     assert not errors, f"wrong reads under eviction: {errors[:5]}"
     assert hits > 0
     assert stat(srv.stats(), "evictions") > 0

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
+from conftest import background, batch_get_bytes, batch_put_bytes, check_read, content, stat, unique, wait_for
 from gdrkv import errors
 
 TIMEOUT_MS = 1000
@@ -117,16 +117,13 @@ def test_killed_server_costs_only_its_keys_and_comes_back(three, make_client):
                 except AssertionError as e:
                     failures.append(str(e))
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        time.sleep(0.3)
-        victim.kill()
-        time.sleep(1.5)
-    finally:
-        stop.set()
-        thread.join(30)
-    assert not thread.is_alive(), "a batch_get never returned"
+    with background(reader, timeout=30):
+        try:
+            time.sleep(0.3)
+            victim.kill()
+            time.sleep(1.5)
+        finally:
+            stop.set()
     assert not failures, failures[:5]
     assert max(d for d, _ in calls) <= TIMEOUT_MS / 1000 + MARGIN_S
     assert all(r < 0 for k, r in zip(KEYS, calls[-1][1]) if placement[k] == 1)

@@ -8,7 +8,6 @@ Status INTERNAL has no test: the server never sends it (an allocation
 failure while answering closes the connection instead, server_ops_execute
 < 0), and the client produces it only when malloc, poll or a GPU call
 fails."""
-import struct
 import time
 
 import pytest

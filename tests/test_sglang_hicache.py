@@ -3,6 +3,7 @@ sglang==0.5.23 package (tests/install_engines.sh installs it): every host
 layout, MHA and MLA, TP and DP ranks, the dynamic factory, fail-soft when a
 server dies, concurrent prefetch and backup threads, and pages that survive
 a restart of the engine process (docs/keys.md)."""
+import functools
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
 import sglang_pools as sp  # noqa: E402
-from conftest import unique  # noqa: E402
+from conftest import background, run_threads, unique  # noqa: E402
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
 
 SERVER_MEMORY = "256MiB"
@@ -343,16 +344,12 @@ def test_server_killed_mid_prefetch_gives_short_hits(server_factory):
                 errors.append(e)
             slowest[0] = max(slowest[0], time.monotonic() - start)
 
-    threads = [threading.Thread(target=prefetch) for _ in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    servers[1].kill()
-    time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join(10)
-    assert not errors and not any(t.is_alive() for t in threads)
+    with background(prefetch, prefetch, prefetch, timeout=10):
+        time.sleep(0.3)
+        servers[1].kill()
+        time.sleep(1.5)
+        stop.set()
+    assert not errors
     # Two bounded calls per loop (exists, get), with slack for a loaded machine.
     assert slowest[0] < 2 * timeout_ms / 1000 + 1.5
 
@@ -386,12 +383,8 @@ def test_concurrent_prefetch_and_backup_threads(make_backend):
                 if ok and pool.page_bytes(slot) != reference.page_bytes(page):
                     errors.append(("get", page))
 
-    threads = ([threading.Thread(target=backup, args=(i,)) for i in range(4)]
-               + [threading.Thread(target=prefetch, args=(i,)) for i in range(2)])
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads(*[functools.partial(backup, i) for i in range(4)],
+                *[functools.partial(prefetch, i) for i in range(2)], timeout=60)
     assert not errors
     assert backend.batch_exists([f"{p:064x}" for p in range(128)]) == 128
 

@@ -7,6 +7,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -224,6 +226,21 @@ static void test_hugepages(void)
 }
 
 /* Large enough to split the first touch over threads. */
+enum { PAGE = 4096 };
+
+/* Pages of the pool in memory now (mincore). */
+static uint64_t resident_pages(struct store *s)
+{
+    uint64_t n = store_capacity(s) / PAGE, resident = 0;
+    unsigned char *vec = malloc(n);
+    CHECK(vec && mincore(store_base(s), store_capacity(s), vec) == 0, "mincore: %s",
+          strerror(errno));
+    for (uint64_t i = 0; i < n; i++)
+        resident += vec[i] & 1;
+    free(vec);
+    return resident;
+}
+
 static void test_pretouch(void)
 {
     struct store_opts opts = {.memory_bytes = 512 * MiB, .hugepages = -1, .pretouch = 1,
@@ -233,7 +250,15 @@ static void test_pretouch(void)
     uint64_t t0 = gk_now_ns();
     CHECK(store_open(&s, &opts, err, sizeof err) == 0, "pretouch open: %s", err);
     printf("   pretouched 512 MiB in %.0f ms\n", (double)(gk_now_ns() - t0) / 1e6);
+    CHECK_EQ(resident_pages(s), store_capacity(s) / PAGE);
     CHECK(put(s, "", "k", 5 * MiB, 9) == 0, "put into a pretouched pool");
+    store_close(s);
+
+    /* Without pretouch the pages come on first touch: the check above can
+     * tell the two apart. */
+    opts.pretouch = 0;
+    CHECK(store_open(&s, &opts, err, sizeof err) == 0, "open: %s", err);
+    CHECK(resident_pages(s) < store_capacity(s) / PAGE / 2, "an untouched pool is resident");
     store_close(s);
 }
 
@@ -875,7 +900,20 @@ struct worker {
     struct store *s;
     int id;
     uint64_t ops;
+    uint64_t reads;             /* objects pinned and checked byte for byte */
 };
+
+/* The tag an object's bytes carry: a function of what it is, so any
+ * thread can check any object whoever wrote it. */
+static uint64_t tag_of(const char *ns, const char *key, uint64_t size)
+{
+    uint64_t h = size * 0x9e3779b97f4a7c15ull;
+    for (const char *p = ns; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    for (const char *p = key; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    return h;
+}
 
 static void *worker_run(void *arg)
 {
@@ -889,17 +927,31 @@ static void *worker_run(void *arg)
         const char *ns = spaces[r & 1];
         key_n(key, sizeof key, (int)((r >> 8) % 200));
         struct store_obj *o;
+        int32_t status;
         switch ((r >> 16) % 4) {
         case 0:
-        case 1:
-            put(w->s, ns, key, (r >> 24) % (2 * MiB), 1);
+        case 1: {
+            uint64_t size = (r >> 24) % (2 * MiB);
+            status = put(w->s, ns, key, size, tag_of(ns, key, size));
+            /* BUSY: another thread is writing the same key right now. */
+            CHECK(status == 0 || status == STORE_PRESENT || status == GDRKV_E_NO_SPACE ||
+                  status == GDRKV_E_BUSY, "put status %d", status);
             break;
+        }
         case 2:
-            if (pin1(w->s, ns, key, 1, &o) == 0)
+            /* Whoever wrote the object, its bytes are those of its key,
+             * namespace and size: a torn or misplaced write shows here. */
+            status = pin1(w->s, ns, key, 1, &o);
+            CHECK(status == 0 || status == GDRKV_E_NOT_FOUND, "pin status %d", status);
+            if (status == 0) {
+                check_bytes(w->s, o, tag_of(ns, key, store_obj_size(o)));
                 unpin1(w->s, o);
+                w->reads++;
+            }
             break;
         default:
-            delete1(w->s, ns, key);
+            status = delete1(w->s, ns, key);
+            CHECK(status == 0 || status == GDRKV_E_NOT_FOUND, "delete status %d", status);
         }
         if (r % 64 == 0)
             store_maintain(w->s);
@@ -917,14 +969,16 @@ static void test_threads(void)
     pthread_t threads[N];
     struct worker workers[N];
     for (int i = 0; i < N; i++) {
-        workers[i] = (struct worker){s, i, 0};
+        workers[i] = (struct worker){s, i, 0, 0};
         CHECK(pthread_create(&threads[i], NULL, worker_run, &workers[i]) == 0, "thread");
     }
-    uint64_t ops = 0;
+    uint64_t ops = 0, reads = 0;
     for (int i = 0; i < N; i++) {
         pthread_join(threads[i], NULL);
         ops += workers[i].ops;
+        reads += workers[i].reads;
     }
+    CHECK(reads > 0, "no object was ever read back");
     struct store_stats st = stats_of(s);
     CHECK_EQ(st.pinned_objects, 0);
     CHECK_EQ(st.reserved_objects, 0);
@@ -935,7 +989,8 @@ static void test_threads(void)
     CHECK_EQ(st.objects, 0);
     CHECK_EQ(st.pool_used_bytes, 0);
     CHECK_EQ(st.namespaces, 0);
-    printf("   %d threads, %llu ops\n", N, (unsigned long long)ops);
+    printf("   %d threads, %llu ops, %llu objects checked\n", N, (unsigned long long)ops,
+           (unsigned long long)reads);
     store_close(s);
 }
 
