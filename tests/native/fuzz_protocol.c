@@ -12,18 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define FUZZ_NAME "fuzz_protocol"
+#include "fuzz_driver.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "common/protocol.h"
 #include "rdma/rdma_qp.h"
-
-static void check(int cond, const char *what)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_protocol: invariant broken: %s\n", what);
-        abort();
-    }
-}
 
 /* RDMA_HELLO bodies, both the client's endpoint (parsed by the server)
  * and the server's answer (endpoint + regions, parsed by the client). */
@@ -52,8 +46,6 @@ static void fuzz_rdma_hello(const uint8_t *data, size_t len)
     }
     free(copy);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -118,16 +110,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef GK_LIBFUZZER
-
-/* xorshift64*: reproducible from the seed printed at start. */
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
 
 /* A valid keyed request, so mutations start from frames that get deep
  * into the parser instead of dying at the magic check. */
@@ -199,30 +181,8 @@ static size_t mutate(uint8_t *buf, size_t len, size_t cap)
 
 int main(int argc, char **argv)
 {
-    double seconds = argc > 1 ? atof(argv[1]) : 5.0;
-    uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : gk_now_ns();
     static uint8_t buf[1 << 16];
-    uint64_t deadline = gk_now_ns() + (uint64_t)(seconds * 1e9), runs = 0;
-
-    rng_state = seed | 1;
-    printf("fuzz_protocol: seed %llu, %.1f s\n", (unsigned long long)seed, seconds);
-    while (gk_now_ns() < deadline) {
-        for (int i = 0; i < 1000; i++, runs++) {
-            size_t len;
-            if (rnd() % 8 == 0) {
-                len = rnd() % 512;
-                for (size_t j = 0; j < len; j++)
-                    buf[j] = (uint8_t)rnd();
-            } else {
-                len = make_valid(buf, sizeof buf);
-                if (rnd() % 4)
-                    len = mutate(buf, len, sizeof buf);
-            }
-            LLVMFuzzerTestOneInput(buf, len);
-        }
-    }
-    printf("fuzz_protocol: %llu inputs, no invariant broken\n", (unsigned long long)runs);
-    return 0;
+    return fuzz_main(argc, argv, buf, sizeof buf, 4);
 }
 
 #endif

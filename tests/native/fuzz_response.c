@@ -18,20 +18,14 @@
 
 #include "client/client_state.h"
 #include "client/client_chunks.h"
+#define FUZZ_NAME "fuzz_response"
+#include "fuzz_driver.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "common/protocol.h"
 
 #define MAX_KEYS 8
 #define MAX_SEGS 3
-
-static void check(int cond, const char *what)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_response: invariant broken: %s\n", what);
-        abort();
-    }
-}
 
 struct walk {
     const struct client_batch *b;
@@ -62,8 +56,6 @@ static uint64_t take(const uint8_t **data, size_t *size, int bytes)
         v |= (uint64_t)**data << (8 * i);
     return v;
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -122,16 +114,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 #ifndef GK_LIBFUZZER
 
-/* xorshift64*: reproducible from the seed printed at start. */
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
-
 static size_t put(uint8_t *buf, size_t len, uint64_t v, int bytes)
 {
     for (int i = 0; i < bytes; i++)
@@ -141,7 +123,7 @@ static size_t put(uint8_t *buf, size_t len, uint64_t v, int bytes)
 
 /* A batch description and chunk lists that fit it, so mutations start from
  * answers the walker accepts and reach its checks. */
-static size_t make_valid(uint8_t *buf)
+static size_t make_valid(uint8_t *buf, size_t cap)
 {
     uint64_t pool = 1 + rnd() % (1u << 20);
     uint32_t n = 1 + (uint32_t)(rnd() % MAX_KEYS);
@@ -215,30 +197,8 @@ static size_t mutate(uint8_t *buf, size_t len, size_t cap)
 
 int main(int argc, char **argv)
 {
-    double seconds = argc > 1 ? atof(argv[1]) : 5.0;
-    uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : gk_now_ns();
     static uint8_t buf[1 << 12];
-    uint64_t deadline = gk_now_ns() + (uint64_t)(seconds * 1e9), runs = 0;
-
-    rng_state = seed | 1;
-    printf("fuzz_response: seed %llu, %.1f s\n", (unsigned long long)seed, seconds);
-    while (gk_now_ns() < deadline) {
-        for (int i = 0; i < 1000; i++, runs++) {
-            size_t len;
-            if (rnd() % 8 == 0) {
-                len = rnd() % 512;
-                for (size_t j = 0; j < len; j++)
-                    buf[j] = (uint8_t)rnd();
-            } else {
-                len = make_valid(buf);
-                if (rnd() % 2)
-                    len = mutate(buf, len, sizeof buf);
-            }
-            LLVMFuzzerTestOneInput(buf, len);
-        }
-    }
-    printf("fuzz_response: %llu inputs, no invariant broken\n", (unsigned long long)runs);
-    return 0;
+    return fuzz_main(argc, argv, buf, sizeof buf, 2);
 }
 
 #endif
