@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 from cffi import FFI
 
@@ -62,18 +61,6 @@ def _sources():
     return sources
 
 
-def have_verbs_headers():
-    """rdma-core's verbs.h (Debian: libibverbs-dev) gives the rdma transport
-    its types; the library itself is loaded at run time (native/rdma/ibv.h)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "probe.c")
-        with open(src, "w") as f:
-            f.write("#include <infiniband/verbs.h>\nint main(void) { return 0; }\n")
-        cc = os.environ.get("CC", "cc").split()
-        return subprocess.call(cc + ["-fsyntax-only", src], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL) == 0
-
-
 def compile_flags():
     """Warnings, visibility and the GDRKV_SANITIZE/GDRKV_DEBUG modes, shared
     by the extension and libsoftverbs.so (setup.py)."""
@@ -92,19 +79,9 @@ def compile_flags():
     return cflags, ldflags
 
 
-def _flags():
-    cflags, ldflags = compile_flags()
-    if have_verbs_headers():
-        cflags.append("-DGDRKV_HAVE_VERBS")
-    else:
-        print("gdrkv: <infiniband/verbs.h> not found: building without the rdma transport "
-              "(install libibverbs-dev / rdma-core-devel to have it)")
-    return cflags, ldflags
-
-
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_from_header(os.path.join(HERE, "include", "gdrkv.h")))
-_cflags, _ldflags = _flags()
+_cflags, _ldflags = compile_flags()
 ffibuilder.set_source(
     "gdrkv._native",
     '#include "gdrkv.h"\n',

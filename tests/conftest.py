@@ -35,7 +35,7 @@ if SOFTVERBS:
     os.environ.setdefault("GDRKV_IBVERBS_LIB", SOFTVERBS)
 elif os.environ.get("GDRKV_REQUIRE_RDMA") == "1":
     raise RuntimeError("GDRKV_REQUIRE_RDMA=1 but softverbs was not built "
-                       "(install libibverbs-dev and rebuild)")
+                       "(reinstall gdrkv: setup.py's build_ext builds it)")
 TRANSPORTS = ["tcp", "shm", "rdma"] if SOFTVERBS else ["tcp", "shm"]
 
 settings.register_profile(

@@ -20,7 +20,9 @@ export GDRKV_REQUIRE_RDMA=1
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
-# rdma-core's headers: the rdma transport and softverbs are built from them.
+# rdma-core's headers, for one check alone: the build declares the verbs ABI
+# itself (native/common/verbs_abi.h), and tests/native checks that declaration
+# against rdma-core's <infiniband/verbs.h>.
 [ -f /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${need_apt[*]}"

@@ -45,7 +45,6 @@ int client_rdma_init(struct client_rdma *r)
     return 0;
 }
 
-#ifdef GDRKV_HAVE_VERBS
 #include "rdma/rdma_dev.h"
 #include "rdma/rdma_mr.h"
 #include "rdma/rdma_qp.h"
@@ -480,57 +479,3 @@ int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t 
     return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
 }
 
-#else /* built without verbs.h: never available */
-
-void client_rdma_destroy(struct client_rdma *r)
-{
-    pthread_mutex_destroy(&r->flush_lock);
-    pthread_mutex_destroy(&r->lock);
-}
-
-int client_rdma_ready(struct client_rdma *r)
-{
-    snprintf(r->why, sizeof r->why, "built without rdma-core headers (libibverbs-dev)");
-    return GDRKV_E_UNAVAILABLE;
-}
-
-int client_rdma_register(struct client_rdma *r, uint64_t ptr, uint64_t len, int device)
-{
-    return client_rdma_ready(r);
-}
-
-void client_rdma_unregister(struct client_rdma *r, uint64_t ptr) {}
-
-int client_rdma_conn_new(struct client_rdma *r, struct client_rdma_conn **out, uint8_t *req,
-                         size_t cap, size_t *req_len)
-{
-    return GDRKV_E_UNSUPPORTED;
-}
-
-int client_rdma_conn_answer(struct client_rdma_conn *rc, int32_t status, const uint8_t *body,
-                            size_t len)
-{
-    return GDRKV_E_UNSUPPORTED;
-}
-
-void client_rdma_conn_close(struct client_rdma_conn *rc) {}
-
-int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
-                         const struct client_frame *f)
-{
-    return 0;
-}
-
-int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
-                     struct client_batch *b, const struct client_frame *f)
-{
-    return GDRKV_E_INTERNAL;
-}
-
-int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
-                      struct client_batch *b, const struct client_frame *f, uint8_t *flags)
-{
-    return GDRKV_E_INTERNAL;
-}
-
-#endif

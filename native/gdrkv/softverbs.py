@@ -11,11 +11,11 @@ _NAME = "libsoftverbs.so"
 
 
 def library_path():
-    """The absolute path of libsoftverbs.so; RuntimeError when this build
-    of gdrkv has none (it had no <infiniband/verbs.h>)."""
+    """The absolute path of libsoftverbs.so; RuntimeError when this
+    installation of gdrkv lacks it (built without setup.py's build_ext)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _NAME)
     if not os.path.isfile(path):
         raise RuntimeError(
-            f"{_NAME} is not part of this gdrkv build: <infiniband/verbs.h> was missing when "
-            "it was built (Debian/Ubuntu: apt-get install libibverbs-dev, then reinstall gdrkv)")
+            f"{_NAME} is not part of this gdrkv installation: reinstall gdrkv with pip, "
+            "whose build_ext step builds it")
     return path

@@ -18,8 +18,6 @@ const char *gk_ibv_library(void)
     return env && *env ? env : IBV_SYSTEM_LIB;
 }
 
-#ifdef GDRKV_HAVE_VERBS
-
 static pthread_once_t ibv_once = PTHREAD_ONCE_INIT;
 static struct gk_ibv ibv_table;
 static const struct gk_ibv *ibv_loaded;
@@ -88,4 +86,3 @@ const struct gk_ibv *gk_ibv_load(const char **why)
     return ibv_loaded;
 }
 
-#endif

@@ -3,17 +3,15 @@
  * build runs on hosts with and without RDMA: $GDRKV_IBVERBS_LIB when set
  * (softverbs in the tests), else the system's libibverbs.so.1.
  *
- * verbs.h supplies the types only. The functions it inlines (post_send,
- * post_recv, poll_cq) are reached through the context's ops table exactly
- * as its inline wrappers do; every exported function comes from the table
- * below. Builds without rdma-core's headers have no rdma transport at all
- * (GDRKV_HAVE_VERBS unset) and say so.
+ * The ABI is declared in the repository (common/verbs_abi.h), so every
+ * build has the transport, rdma-core's headers or not. The data path
+ * (post_send, poll_cq) goes through the context's ops table as rdma-core's
+ * inline wrappers do; every exported function comes from the table below.
  */
 #ifndef GDRKV_IBV_H
 #define GDRKV_IBV_H
 
-#ifdef GDRKV_HAVE_VERBS
-#include <infiniband/verbs.h>
+#include "common/verbs_abi.h"
 
 struct gk_ibv {
     struct ibv_device **(*get_device_list)(int *num);
@@ -45,7 +43,6 @@ struct gk_ibv {
 /* The table, loaded once; NULL when the library or one of its required
  * functions is missing, and *why says which. */
 const struct gk_ibv *gk_ibv_load(const char **why);
-#endif
 
 /* The library gk_ibv_load opens (or opened): the env override or the
  * system's; for reports. */

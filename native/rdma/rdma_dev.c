@@ -28,8 +28,6 @@ char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
     return buf;
 }
 
-#ifdef GDRKV_HAVE_VERBS
-
 /* ------------------------------------------------------------ GDRKV_IB_HCA */
 
 struct hca_filter {
@@ -360,16 +358,6 @@ void rdma_dev_report(struct gk_text *t)
     if (list)
         ibv->free_device_list(list);
 }
-
-#else
-
-void rdma_dev_report(struct gk_text *t)
-{
-    gk_text_printf(t, "rdma_built 0\nrdma_library -\nrdma_available 0\n"
-                   "rdma_why built without rdma-core headers (libibverbs-dev)\n");
-}
-
-#endif
 
 int gdrkv_rdma_report(char *buf, size_t len)
 {

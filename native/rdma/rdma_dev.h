@@ -21,8 +21,6 @@
 #include "ibv.h"
 #include "common/stats.h"
 
-#ifdef GDRKV_HAVE_VERBS
-
 struct rdma_dev {
     const struct gk_ibv *ibv;
     struct ibv_context *ctx;
@@ -45,8 +43,6 @@ void rdma_dev_close(struct rdma_dev *d);
 
 /* The largest MR the device registers, rounded down to `align`. */
 uint64_t rdma_dev_max_mr(const struct rdma_dev *d, uint64_t align);
-
-#endif
 
 /* Appends the report gdrkv_rdma_report describes (gdrkv.h) to t. */
 void rdma_dev_report(struct gk_text *t);

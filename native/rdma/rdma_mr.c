@@ -3,8 +3,6 @@
  */
 #include "rdma_mr.h"
 
-#ifdef GDRKV_HAVE_VERBS
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,4 +173,3 @@ int rdma_flush_read(struct rdma_flusher *f, uint64_t addr, uint32_t rkey, uint64
     return rc;
 }
 
-#endif

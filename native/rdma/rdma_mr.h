@@ -12,8 +12,6 @@
 
 #include "rdma_dev.h"
 
-#ifdef GDRKV_HAVE_VERBS
-
 /* "dddd:bb:dd.0" of GPU device into buf, or NULL when CUDA can't say: for
  * choosing the NIC nearest to it. */
 const char *rdma_gpu_pci_address(int device, char *buf, size_t len);
@@ -39,5 +37,4 @@ void rdma_flusher_free(struct rdma_dev *d, struct rdma_flusher *f);
  * (a QP in error, or with a READ outstanding) must be freed. */
 int rdma_flush_read(struct rdma_flusher *f, uint64_t addr, uint32_t rkey, uint64_t deadline_ns);
 
-#endif
 #endif

@@ -35,8 +35,6 @@ void rdma_pieces_free(struct rdma_pieces *p)
     p->count = p->cap = 0;
 }
 
-#ifdef GDRKV_HAVE_VERBS
-
 #define RDMA_POST_MAX_SGE 16
 #define RDMA_POLL_BATCH 32
 
@@ -299,4 +297,3 @@ int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
     return rc ? rc : r.lost ? GDRKV_E_INTERNAL : r.broken ? GDRKV_E_UNAVAILABLE : 0;
 }
 
-#endif

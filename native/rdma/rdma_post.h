@@ -48,7 +48,6 @@ struct rdma_post_stats {
     uint64_t wrs, posts, completions, bytes;
 };
 
-#ifdef GDRKV_HAVE_VERBS
 #include "rdma_qp.h"
 
 /* Calls fail(arg, key, err) for each key that must fail. */
@@ -68,6 +67,5 @@ typedef void (*rdma_fail_fn)(void *arg, uint32_t key, int err);
 int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
                   uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
                   struct rdma_post_stats *stats);
-#endif
 
 #endif

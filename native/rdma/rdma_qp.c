@@ -95,8 +95,6 @@ int rdma_regions_decode(const uint8_t *in, size_t len, struct rdma_region *out, 
     return (int)n;
 }
 
-#ifdef GDRKV_HAVE_VERBS
-
 /* ------------------------------------------------------------ QPs */
 
 int rdma_qps_create(const struct rdma_dev *d, struct rdma_qps *q, uint32_t n, uint32_t sq_depth,
@@ -243,4 +241,3 @@ void rdma_qps_destroy(const struct rdma_dev *d, struct rdma_qps *q)
     memset(q, 0, sizeof *q);
 }
 
-#endif

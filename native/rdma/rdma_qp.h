@@ -57,7 +57,6 @@ void rdma_region_encode(const struct rdma_region *r, uint8_t *out);
  * malformed (counts, lengths, overlaps, regions out of pool order). */
 int rdma_regions_decode(const uint8_t *in, size_t len, struct rdma_region *out, uint32_t max);
 
-#ifdef GDRKV_HAVE_VERBS
 #include "rdma_dev.h"
 
 struct rdma_qps {
@@ -89,6 +88,5 @@ void rdma_qps_describe(const struct rdma_dev *d, const struct rdma_qps *q,
  * WRITEs, so memory they targeted can be handed to someone else. */
 void rdma_qps_kill(const struct rdma_dev *d, struct rdma_qps *q);
 void rdma_qps_destroy(const struct rdma_dev *d, struct rdma_qps *q);
-#endif
 
 #endif

@@ -27,8 +27,6 @@ static int no_rdma(struct server_conn *c)
     return server_reply_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
 }
 
-#ifdef GDRKV_HAVE_VERBS
-
 /* Registration runs at a few GB/s per thread: a large pool is registered
  * by this many threads at once, one region each. */
 #define SERVER_RDMA_REG_THREADS 8
@@ -274,30 +272,3 @@ void server_rdma_stats(const struct gdrkv_server *s, struct gk_text *t)
                 __atomic_load_n(&r->sessions_refused, __ATOMIC_RELAXED));
 }
 
-#else /* no verbs headers: no rdma, and a server that requires it can't start */
-
-int server_rdma_start(struct gdrkv_server *s, int mode, char *err, size_t errlen)
-{
-    (void)s;
-    if (mode == 1) {
-        snprintf(err, errlen, "rdma: gdrkv was built without rdma-core headers (libibverbs-dev)");
-        return GDRKV_E_UNAVAILABLE;
-    }
-    return 0;
-}
-
-void server_rdma_stop(struct gdrkv_server *s) { (void)s; }
-
-int server_rdma_hello(struct server_conn *c) { return no_rdma(c); }
-
-int server_rdma_conn_active(const struct server_conn *c) { (void)c; return 0; }
-void server_rdma_conn_kill(struct server_conn *c) { (void)c; }
-void server_rdma_conn_destroy(struct server_conn *c) { (void)c; }
-
-void server_rdma_stats(const struct gdrkv_server *s, struct gk_text *t)
-{
-    (void)s;
-    gk_text_u64(t, "rdma_enabled", 0);
-}
-
-#endif

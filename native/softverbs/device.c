@@ -112,7 +112,7 @@ const char *ibv_get_device_name(struct ibv_device *dev)
     return dev == &device ? device.name : NULL;
 }
 
-__be64 ibv_get_device_guid(struct ibv_device *dev)
+uint64_t ibv_get_device_guid(struct ibv_device *dev)
 {
     return dev == &device ? htobe64(SV_GUID) : 0;
 }
@@ -194,15 +194,15 @@ int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
     return 0;
 }
 
-/* The exported form: the caller sizes port_attr as struct ibv_port_attr
- * (verbs.h's inline ibv_query_port clears it and passes it here). */
-int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *out)
+/* The exported form, which rdma-core's inline ibv_query_port calls with a
+ * cleared struct ibv_port_attr (its prototype names the older, shorter
+ * layout; the caller's struct is the full one either way). */
+int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a)
 {
-    if (!ctx || !out)
+    if (!ctx || !a)
         return EINVAL;
     if (port != SV_PORT)
         return EINVAL;
-    struct ibv_port_attr *a = (struct ibv_port_attr *)out;
     int eth = sv_config()->link_ethernet;
     memset(a, 0, sizeof *a);
     a->state = IBV_PORT_ACTIVE;

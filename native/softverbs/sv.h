@@ -21,16 +21,9 @@
 /* Every ibv_* function this library defines is exported; nothing else is
  * (the build uses -fvisibility=hidden). */
 #pragma GCC visibility push(default)
-#include <infiniband/verbs.h>
+#include "common/verbs_abi.h"
 #include "softverbs.h"
 #pragma GCC visibility pop
-
-/* verbs.h turns these into inline wrappers; the library defines the real
- * exported functions underneath. */
-#undef ibv_get_device_list
-#undef ibv_query_port
-#undef ibv_reg_mr
-#undef ibv_reg_mr_iova
 
 #define SV_UNUSED __attribute__((unused))
 

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <infiniband/verbs.h>
+#include "common/verbs_abi.h"
 
 #include "check.h"
 #include "softverbs/softverbs.h"
