@@ -38,10 +38,6 @@ int client_rdma_init(struct client_rdma *r)
         GK_WARN("GDRKV_IB_FLUSH=%s is not auto, always or never: using auto", flush);
     if (pthread_mutex_init(&r->lock, NULL))
         return GDRKV_E_INTERNAL;
-    if (pthread_mutex_init(&r->flush_lock, NULL)) {
-        pthread_mutex_destroy(&r->lock);
-        return GDRKV_E_INTERNAL;
-    }
     return 0;
 }
 
@@ -51,31 +47,11 @@ int client_rdma_init(struct client_rdma *r)
 
 /* ------------------------------------------------------------ flush READs */
 
-/* One flush READ from addr under flush_lock: flushes are rare (one per
- * batch into a pre-Hopper GPU) and tiny. A failed flusher is dropped and
- * made anew next time. */
-static int flush_read(struct client_rdma *r, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
-{
-    struct rdma_dev *d = r->dev;
-    if (!r->flusher && !(r->flusher = rdma_flusher_new(d)))
-        return GDRKV_E_UNAVAILABLE;
-    int rc = rdma_flush_read(r->flusher, addr, rkey, deadline_ns);
-    if (rc) {
-        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(rc));
-        rdma_flusher_free(d, r->flusher);
-        r->flusher = NULL;
-    }
-    __atomic_fetch_add(&r->flush_reads, 1, __ATOMIC_RELAXED);
-    return rc;
-}
-
 /* ------------------------------------------------------------ device, MRs */
 
 void client_rdma_destroy(struct client_rdma *r)
 {
     struct rdma_dev *d = r->dev;
-    if (r->flusher)
-        rdma_flusher_free(d, r->flusher);
     for (uint32_t i = 0; i < r->nmrs; i++)
         rdma_mr_deregister(d, r->mrs[i].mr, r->mrs[i].dmabuf_fd);
     free(r->mrs);
@@ -83,7 +59,6 @@ void client_rdma_destroy(struct client_rdma *r)
         rdma_dev_close(d);
         free(d);
     }
-    pthread_mutex_destroy(&r->flush_lock);
     pthread_mutex_destroy(&r->lock);
 }
 
@@ -202,8 +177,32 @@ struct client_rdma_conn {
     uint64_t flush_addr[CLIENT_RDMA_FLUSH_MRS];
     uint32_t flush_rkey[CLIENT_RDMA_FLUSH_MRS];
     uint32_t nflush;
+    /* The loopback QP its flush READs go on, made on first need: each
+     * connection has its own, so a flush waits for nothing but itself. */
+    struct rdma_flusher *flusher;
     int plan_err;                   /* why add_piece refused */
 };
+
+/* The frame's flush READs, one per MR that needs one; a failed flusher is
+ * dropped and made anew next time. */
+static int flush_reads(struct client_rdma_conn *rc, uint64_t deadline_ns)
+{
+    struct client_rdma *r = rc->owner;
+    struct rdma_dev *d = r->dev;
+    int err = 0;
+    for (uint32_t i = 0; i < rc->nflush && !err; i++) {
+        if (!rc->flusher && !(rc->flusher = rdma_flusher_new(d)))
+            return GDRKV_E_UNAVAILABLE;
+        err = rdma_flush_read(rc->flusher, rc->flush_addr[i], rc->flush_rkey[i], deadline_ns);
+        __atomic_fetch_add(&r->flush_reads, 1, __ATOMIC_RELAXED);
+    }
+    if (err) {
+        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(err));
+        rdma_flusher_free(d, rc->flusher);
+        rc->flusher = NULL;
+    }
+    return err;
+}
 
 /* The HELLO answer's body: the server's endpoint, then its regions. */
 static int take_answer(struct client_rdma_conn *rc, const uint8_t *body, size_t len,
@@ -295,6 +294,8 @@ void client_rdma_conn_close(struct client_rdma_conn *rc)
         rdma_qps_kill(d, &rc->qps);
         rdma_qps_destroy(d, &rc->qps);
     }
+    if (rc->flusher)
+        rdma_flusher_free(d, rc->flusher);
     rdma_pieces_free(&rc->pieces);
     free(rc->regions);
     free(rc);
@@ -426,11 +427,7 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     /* The READs are complete, but before Hopper the GPU may not see their
      * bytes yet: one READ of the destination orders them. */
     if (opcode == IBV_WR_RDMA_READ && rc->nflush && err != GDRKV_E_TIMEOUT) {
-        int ferr = 0;
-        pthread_mutex_lock(&r->flush_lock);
-        for (uint32_t i = 0; i < rc->nflush && !ferr; i++)
-            ferr = flush_read(r, rc->flush_addr[i], rc->flush_rkey[i], b->deadline_ns);
-        pthread_mutex_unlock(&r->flush_lock);
+        int ferr = flush_reads(rc, b->deadline_ns);
         if (ferr) {
             for (uint32_t p = f->first; p < f->first + f->count; p++)
                 if (b->results[b->index[p]] >= 0)

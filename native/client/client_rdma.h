@@ -63,8 +63,6 @@ struct client_rdma {
     uint32_t qps_per_conn;          /* GDRKV_IB_QPS, default 4 */
     uint32_t sq_depth;              /* GDRKV_IB_SQ_DEPTH, default 512 */
     enum client_rdma_flush flush_mode;  /* GDRKV_IB_FLUSH: auto, always, never */
-    void *flusher;                  /* the loopback QP of the flush READs, made on first need */
-    pthread_mutex_t flush_lock;     /* guards flusher: its READs wait, the MR table must not */
     /* Counters, relaxed atomics. */
 #define CLIENT_RDMA_COUNTER_FIELD(name, help) uint64_t name;
     CLIENT_RDMA_COUNTERS(CLIENT_RDMA_COUNTER_FIELD)

@@ -11,7 +11,11 @@
 #ifndef GDRKV_IBV_H
 #define GDRKV_IBV_H
 
+#include <string.h>
+
+#include "common/log.h"
 #include "common/verbs_abi.h"
+#include "gdrkv.h"
 
 struct gk_ibv {
     struct ibv_device **(*get_device_list)(int *num);
@@ -43,6 +47,27 @@ struct gk_ibv {
 /* The table, loaded once; NULL when the library or one of its required
  * functions is missing, and *why says which. */
 const struct gk_ibv *gk_ibv_load(const char **why);
+
+/* The hot verbs, one convention for both (NCCL's ibvwrap style): through
+ * the context's ops table, no library call; a failure is logged here, once,
+ * and comes back as GDRKV_E_UNAVAILABLE. */
+static inline int gk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+                               struct ibv_send_wr **bad)
+{
+    int rc = ibv_post_send(qp, wr, bad);
+    if (rc)
+        GK_WARN("rdma: post_send on QP %u failed: %s", qp->qp_num, strerror(rc));
+    return rc ? GDRKV_E_UNAVAILABLE : 0;
+}
+
+/* Completions taken (0 or more), or GDRKV_E_UNAVAILABLE. */
+static inline int gk_poll_cq(struct ibv_cq *cq, int max, struct ibv_wc *wc)
+{
+    int n = ibv_poll_cq(cq, max, wc);
+    if (n < 0)
+        GK_WARN("rdma: poll_cq failed (%d)", n);
+    return n < 0 ? GDRKV_E_UNAVAILABLE : n;
+}
 
 /* The library gk_ibv_load opens (or opened): the env override or the
  * system's; for reports. */

@@ -159,10 +159,10 @@ int rdma_flush_read(struct rdma_flusher *f, uint64_t addr, uint32_t rkey, uint64
                              .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}};
     struct ibv_send_wr *bad = NULL;
     struct ibv_qp *qp = f->qps.qp[0];
-    int rc = qp->context->ops.post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
+    int rc = gk_post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
     while (rc == GDRKV_E_TIMEOUT) {
         struct ibv_wc wc;
-        int n = f->qps.cq->context->ops.poll_cq(f->qps.cq, 1, &wc);
+        int n = gk_poll_cq(f->qps.cq, 1, &wc);
         if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS))
             rc = GDRKV_E_UNAVAILABLE;
         else if (n == 1)

@@ -192,12 +192,11 @@ static void post_chain(struct run *r, uint32_t j)
     }
     struct ibv_qp *qp = r->q->qp[j];
     struct ibv_send_wr *bad = NULL;
-    int rc = qp->context->ops.post_send(qp, wrs, &bad);
+    int rc = gk_post_send(qp, wrs, &bad);
     r->stats->posts++;
     if (rc) {
         /* The WRs before *bad were posted and may still run: nothing of
          * this QP can be vouched for, and the connection must go. */
-        GK_WARN("rdma: post_send of %u WRs failed: %s", count, strerror(rc));
         qp_dies(r, j, GDRKV_E_INTERNAL);
         r->lost = 1;
         return;
@@ -219,7 +218,7 @@ static int poll_completions(struct run *r)
 {
     struct ibv_wc wc[RDMA_POLL_BATCH];
     struct ibv_cq *cq = r->q->cq;
-    int n = cq->context->ops.poll_cq(cq, RDMA_POLL_BATCH, wc);
+    int n = gk_poll_cq(cq, RDMA_POLL_BATCH, wc);
     if (n < 0)
         return -1;
     r->stats->completions += (uint64_t)n;

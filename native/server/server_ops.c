@@ -4,12 +4,12 @@
  */
 #include "server_ops.h"
 
-#include <string.h>
-
 #include <stdio.h>
+#include <string.h>
 
 #include "common/common.h"
 #include "common/log.h"
+#include "rdma/rdma_qp.h"
 #include "server_rdma.h"
 #include "server_reply.h"
 #include "server_state.h"
@@ -270,6 +270,58 @@ static int op_clear(struct server_conn *c)
     return server_reply_results(c, 1, &status, &removed, 0);
 }
 
+/* ------------------------------------------------------------ rdma */
+
+static int refuse_rdma(struct server_conn *c, int code, const char *msg)
+{
+    server_rdma_count_hello(c->worker->server, 0);
+    GK_DEBUG("fd %d: rdma hello refused: %s", c->fd, msg);
+    return server_reply_error(c, code, msg, strlen(msg));
+}
+
+/* RDMA_HELLO: the connection gets QPs connected to the client's, and the
+ * answer carries the server's side and the pool's regions. A server
+ * without rdma says so: the client goes on over the socket (auto) or
+ * gives up on this server (transport rdma). */
+static int op_rdma_hello(struct server_conn *c)
+{
+    struct gdrkv_server *s = c->worker->server;
+    struct rdma_endpoint peer, mine;
+    const char *why = NULL;
+
+    if (!s->rdma) {
+        static const char msg[] = "this server has no rdma";
+        return server_reply_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
+    }
+    if (c->rdma)
+        return refuse_rdma(c, GDRKV_E_INVALID, "the connection already has QPs");
+    size_t used = rdma_endpoint_decode(c->body, c->req.body_len, &peer);
+    if (used == 0 || used != c->req.body_len)
+        return refuse_rdma(c, GDRKV_E_PROTOCOL, "malformed rdma endpoint");
+    int rc = server_rdma_conn_create(c, &peer, &mine, &why);
+    if (rc == GDRKV_E_INTERNAL)
+        return rc;
+    if (rc)
+        return refuse_rdma(c, rc, why);
+
+    uint32_t nregions;
+    const struct rdma_region *regions = server_rdma_regions(s, &nregions);
+    size_t body_len = rdma_endpoint_size(&mine) + 8 + (size_t)nregions * RDMA_REGION_WIRE_SIZE;
+    uint8_t *p = server_reply_start(c, 0, 0, (uint32_t)body_len, 0);
+    if (!p) {
+        server_rdma_conn_destroy(c);
+        return GDRKV_E_INTERNAL;
+    }
+    p += rdma_endpoint_encode(&mine, p);
+    gk_store32(p, nregions);
+    gk_store32(p + 4, 0);
+    p += 8;
+    for (uint32_t i = 0; i < nregions; i++, p += RDMA_REGION_WIRE_SIZE)
+        rdma_region_encode(&regions[i], p);
+    server_rdma_count_hello(s, 1);
+    return 0;
+}
+
 int server_ops_execute(struct server_conn *c)
 {
     switch (c->req.opcode) {
@@ -283,7 +335,7 @@ int server_ops_execute(struct server_conn *c)
     case GK_OP_HELLO: return op_hello(c);
     case GK_OP_LEASE: return op_lease(c);
     case GK_OP_RELEASE: return op_release(c);
-    case GK_OP_RDMA_HELLO: return server_rdma_hello(c);
+    case GK_OP_RDMA_HELLO: return op_rdma_hello(c);
     case GK_OP_RESERVE: return op_reserve(c);
     case GK_OP_COMMIT: return op_commit(c);
     }

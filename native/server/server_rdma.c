@@ -9,23 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/alloc.h"
 #include "common/common.h"
 #include "common/log.h"
 #include "rdma/rdma_dev.h"
 #include "rdma/rdma_qp.h"
-#include "server_reply.h"
 #include "server_state.h"
 #include "common/stats.h"
 #include "store/store.h"
-
-/* The answer to RDMA_HELLO on a server without rdma: the client goes on
- * over the socket (auto) or gives up on this server (transport rdma). */
-static int no_rdma(struct server_conn *c)
-{
-    static const char msg[] = "this server has no rdma";
-    return server_reply_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
-}
 
 /* Registration runs at a few GB/s per thread: a large pool is registered
  * by this many threads at once, one region each. */
@@ -91,12 +81,12 @@ static void free_rdma(struct server_rdma *r)
 static int register_pool(struct server_rdma *r, struct store *st, char *err, size_t errlen)
 {
     uint64_t size = store_capacity(st);
-    uint64_t max = rdma_dev_max_mr(&r->dev, ALLOC_PAGE_SIZE);
+    uint64_t page = store_page_size();
+    uint64_t max = rdma_dev_max_mr(&r->dev, page);
     /* At least one region per registering thread, so a device whose MRs
      * may be as large as the pool still registers it in parallel. */
-    uint64_t share = (size / SERVER_RDMA_REG_THREADS + ALLOC_PAGE_SIZE - 1) / ALLOC_PAGE_SIZE *
-                     ALLOC_PAGE_SIZE;
-    uint64_t piece = GK_MIN(max, GK_MAX(share, (uint64_t)ALLOC_PAGE_SIZE));
+    uint64_t share = (size / SERVER_RDMA_REG_THREADS + page - 1) / page * page;
+    uint64_t piece = GK_MIN(max, GK_MAX(share, page));
     if (max == 0) {
         snprintf(err, errlen, "%s registers at most %llu bytes, less than a slab page",
                  r->dev.name, (unsigned long long)r->dev.attr.max_mr_size);
@@ -175,64 +165,49 @@ void server_rdma_stop(struct gdrkv_server *s)
 
 /* ------------------------------------------------------------ sessions */
 
-static int refuse(struct server_conn *c, int code, const char *msg)
-{
-    __atomic_fetch_add(&c->worker->server->rdma->sessions_refused, 1, __ATOMIC_RELAXED);
-    GK_DEBUG("fd %d: rdma hello refused: %s", c->fd, msg);
-    return server_reply_error(c, code, msg, strlen(msg));
-}
-
-int server_rdma_hello(struct server_conn *c)
+int server_rdma_conn_create(struct server_conn *c, struct rdma_endpoint *peer,
+                            struct rdma_endpoint *mine, const char **why)
 {
     struct server_rdma *r = c->worker->server->rdma;
-    struct rdma_endpoint peer, mine;
 
-    if (!r)
-        return no_rdma(c);
-    if (c->rdma)
-        return refuse(c, GDRKV_E_INVALID, "the connection already has QPs");
-    size_t used = rdma_endpoint_decode(c->body, c->req.body_len, &peer);
-    if (used == 0 || used != c->req.body_len)
-        return refuse(c, GDRKV_E_PROTOCOL, "malformed rdma endpoint");
-    if (peer.eth != r->dev.eth)
-        return refuse(c, GDRKV_E_UNAVAILABLE, "link layers differ (IB vs RoCE)");
-
+    if (peer->eth != r->dev.eth) {
+        *why = "link layers differ (IB vs RoCE)";
+        return GDRKV_E_UNAVAILABLE;
+    }
     /* What both sides can do, never what either assumes. */
     const struct ibv_device_attr *a = &r->dev.attr;
-    peer.rd_atomic = GK_MIN(peer.rd_atomic, (uint32_t)GK_MAX(a->max_qp_rd_atom, 1));
-    uint32_t sq_depth = GK_MIN(peer.sq_depth, (uint32_t)GK_MAX(a->max_qp_wr, 1));
-    uint32_t max_sge = GK_MIN(peer.max_sge, (uint32_t)GK_MAX(a->max_sge, 1));
+    peer->rd_atomic = GK_MIN(peer->rd_atomic, (uint32_t)GK_MAX(a->max_qp_rd_atom, 1));
+    uint32_t sq_depth = GK_MIN(peer->sq_depth, (uint32_t)GK_MAX(a->max_qp_wr, 1));
+    uint32_t max_sge = GK_MIN(peer->max_sge, (uint32_t)GK_MAX(a->max_sge, 1));
 
     struct server_rdma_conn *rc = calloc(1, sizeof *rc);
     if (!rc)
         return GDRKV_E_INTERNAL;
-    if (rdma_qps_create(&r->dev, &rc->qps, peer.nqps, 1, 1, 1) ||
-        rdma_qps_connect(&r->dev, &rc->qps, &peer, 0)) {
+    if (rdma_qps_create(&r->dev, &rc->qps, peer->nqps, 1, 1, 1) ||
+        rdma_qps_connect(&r->dev, &rc->qps, peer, 0)) {
         if (rc->qps.n)
             rdma_qps_destroy(&r->dev, &rc->qps);
         free(rc);
-        return refuse(c, GDRKV_E_UNAVAILABLE, "cannot set up QPs (see the server log)");
+        *why = "cannot set up QPs (see the server log)";
+        return GDRKV_E_UNAVAILABLE;
     }
-    rdma_qps_describe(&r->dev, &rc->qps, &mine);
-    mine.sq_depth = sq_depth;
-    mine.max_sge = max_sge;
-
-    size_t body_len = rdma_endpoint_size(&mine) + 8 + (size_t)r->nregions * RDMA_REGION_WIRE_SIZE;
-    uint8_t *p = server_reply_start(c, 0, 0, (uint32_t)body_len, 0);
-    if (!p) {
-        rdma_qps_destroy(&r->dev, &rc->qps);
-        free(rc);
-        return GDRKV_E_INTERNAL;
-    }
-    p += rdma_endpoint_encode(&mine, p);
-    gk_store32(p, r->nregions);
-    gk_store32(p + 4, 0);
-    p += 8;
-    for (uint32_t i = 0; i < r->nregions; i++, p += RDMA_REGION_WIRE_SIZE)
-        rdma_region_encode(&r->regions[i], p);
+    rdma_qps_describe(&r->dev, &rc->qps, mine);
+    mine->sq_depth = sq_depth;
+    mine->max_sge = max_sge;
     c->rdma = rc;
-    __atomic_fetch_add(&r->sessions, 1, __ATOMIC_RELAXED);
     return 0;
+}
+
+const struct rdma_region *server_rdma_regions(const struct gdrkv_server *s, uint32_t *n)
+{
+    *n = s->rdma->nregions;
+    return s->rdma->regions;
+}
+
+void server_rdma_count_hello(const struct gdrkv_server *s, int accepted)
+{
+    __atomic_fetch_add(accepted ? &s->rdma->sessions : &s->rdma->sessions_refused, 1,
+                       __ATOMIC_RELAXED);
 }
 
 int server_rdma_conn_active(const struct server_conn *c)

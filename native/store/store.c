@@ -408,6 +408,7 @@ void store_close(struct store *s)
 
 uint8_t *store_base(struct store *s) { return s->pool.base; }
 uint64_t store_capacity(struct store *s) { return alloc_capacity(&s->alloc); }
+uint64_t store_page_size(void) { return ALLOC_PAGE_SIZE; }
 int store_pool_fd(struct store *s) { return s->pool.share_fd; }
 
 const struct store_chunk *store_obj_chunks(const struct store_obj *o, uint32_t *nchunks)

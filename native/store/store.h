@@ -68,6 +68,9 @@ void store_close(struct store *s);
 
 uint8_t *store_base(struct store *s);
 uint64_t store_capacity(struct store *s);
+/* The slab page: no chunk crosses a multiple of it, so the pool may be cut
+ * there (rdma registers it in pieces of whole pages). */
+uint64_t store_page_size(void);
 /* The pool's memfd, read-only and sealed (pool.h), for local clients to map;
  * -1 when the pool can't be shared. */
 int store_pool_fd(struct store *s);
