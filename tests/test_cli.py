@@ -1,6 +1,7 @@
 """The `gdrkv` command line: serve, stat, bench, doctor."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,17 +106,35 @@ def test_stat_of_a_dead_server_fails(server_factory):
 
 def test_bench_on_embedded_server_writes_json(tmp_path):
     out = tmp_path / "out.json"
-    result = gdrkv("bench", "--count", "8", "--sizes", "4KiB", "--repeat", "1",
+    result = gdrkv("bench", "--count", "8", "--sizes", "4KiB,64KiB", "--repeat", "1",
                    "--json", str(out), timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     report = strict_json(out.read_text())
-    assert report and any(x > 0 for x in numbers(report)), report
+    assert set(report) == {"machine", "options", "ceilings", "results"}, report
+    assert report["options"]["count"] == 8 and report["options"]["sizes"] == [4096, 65536]
+    # One row per size and op, each with its figures measured.
+    rows = {(r["size"], r["op"]): r for r in report["results"]}
+    assert set(rows) == {(s, op) for s in (4096, 65536) for op in ("put", "get", "exists")}
+    for (size, op), row in rows.items():
+        assert row["count"] == 8 and row["batches_per_round"] >= 1, row
+        assert row["mkeys_per_s"] > 0 and row["batch_ms_p50"] > 0, row
+        assert ("gb_per_s" in row) == (op != "exists"), row
+        if op != "exists":
+            # GB/s and Mkeys/s are the same rounds seen two ways.
+            assert row["gb_per_s"] == pytest.approx(row["mkeys_per_s"] * 1e6 * size / 1e9), row
+    # The table printed has the same rows.
+    table = [line.split() for line in result.stdout.splitlines()[1:] if line.strip()]
+    assert {(line[0], line[1]) for line in table} == {
+        (s, op) for s in ("4KiB", "64KiB") for op in ("put", "get", "exists")}
 
 
 def test_doctor():
-    result = gdrkv("doctor", timeout=60)
+    result = gdrkv("doctor", "--no-self-test", timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip()
+    sections = [line for line in result.stdout.splitlines() if line and not line[0].isspace()]
+    assert sections[:4] == ["system", "rdma devices (sysfs)",
+                            "rdma transport (libibverbs as gdrkv sees it)", "gpus"], sections
+    assert re.search(r"^  transports +tcp and shm are built", result.stdout, re.M), result.stdout
 
 
 def test_console_script_and_help():
