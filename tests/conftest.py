@@ -385,7 +385,9 @@ def client(server, make_client):
 
 class FakeServer:
     """A listening socket whose connections are each handed to behaviour(conn)
-    in a thread: the misbehaving servers of the fail-soft tests."""
+    in a thread: the misbehaving servers of the fail-soft tests. The client
+    going away ends a behaviour quietly; anything else it raises (a request
+    it could not parse, a broken fake) fails the test at teardown."""
 
     def __init__(self, behaviour):
         self.behaviour = behaviour
@@ -393,6 +395,7 @@ class FakeServer:
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.url = "gdrkv://" + self.address
         self.conns = []
+        self.errors = []
         self.threads = [threading.Thread(target=self._accept, daemon=True)]
         self.threads[0].start()
 
@@ -411,8 +414,10 @@ class FakeServer:
     def _serve(self, conn):
         try:
             self.behaviour(conn)
-        except (OSError, wire.PeerClosed, ValueError):
+        except (OSError, wire.PeerClosed):
             pass                            # the client went away
+        except BaseException as e:          # re-raised by close()
+            self.errors.append(e)
 
     def close(self):
         # shutdown() wakes the accept() blocked in the other thread; close() alone does not.
@@ -426,6 +431,8 @@ class FakeServer:
             conn.close()
         for thread in self.threads:
             thread.join(5)
+        if self.errors:
+            raise self.errors[0]
 
 
 def drain(conn):

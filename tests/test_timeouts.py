@@ -96,6 +96,7 @@ def test_buffers_untouched_after_a_timed_out_get(fake_server, make_client):
     """A server that starts a GET response and trickles it: once the call
     has returned, no later byte may land in the caller's buffer."""
     size = 64 << 10
+    sent = []                           # (when, payload bytes) of each send that went out
 
     def trickle(conn):
         hdr, _, entries, _ = conn.read_request()
@@ -105,6 +106,7 @@ def test_buffers_untouched_after_a_timed_out_get(fake_server, make_client):
         conn.send(frame[:head])
         for off in range(head, len(frame), 1024):
             conn.send(frame[off:off + 1024])
+            sent.append((time.monotonic(), len(frame[off:off + 1024])))
             time.sleep(0.02)
 
     client = make_client(fake_server(trickle).url, conns=1, **OPTIONS)
@@ -112,11 +114,16 @@ def test_buffers_untouched_after_a_timed_out_get(fake_server, make_client):
     base, _ = client.register(dest)
     try:
         elapsed, results = timed(client.batch_get, ["slow"], [base], [size])
+        returned = time.monotonic()
         assert results == [errors.E_TIMEOUT]
         assert elapsed <= TIMEOUT_MS / 1000 + MARGIN_S
         after_return = dest.copy()
         time.sleep(1.0)                 # the fake server keeps sending meanwhile
         assert (dest == after_return).all(), "the client wrote into a buffer after returning"
+        # The test means something only if value bytes were on their way
+        # both while the call waited and after it gave up.
+        assert any(when < returned for when, _ in sent), "nothing was sent before the timeout"
+        assert any(when > returned for when, _ in sent), "nothing was sent after the call returned"
     finally:
         client.unregister(base)
 
