@@ -39,6 +39,7 @@ static void config_load(void)
     config.max_sge = (int)env_long("SOFTVERBS_MAX_SGE", 16, 1, SV_SGE_LIMIT);
     config.max_qp_rd_atom = (int)env_long("SOFTVERBS_MAX_QP_RD_ATOM", 16, 1, 255);
     config.max_cqe = (int)env_long("SOFTVERBS_MAX_CQE", 65536, 1, 1 << 22);
+    config.exec_delay_us = env_long("SOFTVERBS_EXEC_DELAY_US", 0, 0, 1000000);
     const char *mr = getenv("SOFTVERBS_MAX_MR_SIZE");
     char *end;
     unsigned long long v = mr && *mr ? strtoull(mr, &end, 0) : 0;

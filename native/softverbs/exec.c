@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Is the responder there, connected back to us and reachable? */
 static enum ibv_wc_status check_responder(struct sv_qp *qp, struct sv_qp_view *rv)
@@ -142,6 +143,8 @@ void sv_qp_run(struct sv_qp *qp, struct sv_cq *cq)
             continue;
         }
         uint32_t byte_len = 0, vendor_err = 0;
+        if (sv_config()->exec_delay_us)
+            usleep((useconds_t)sv_config()->exec_delay_us);
         enum ibv_wc_status st = execute(qp, w, idx, &byte_len, &vendor_err);
         sv_count(SVC_WRS_EXECUTED, 1);
         if (st != IBV_WC_SUCCESS) {

@@ -14,6 +14,8 @@
  *   SOFTVERBS_MAX_QP_WR (4096), SOFTVERBS_MAX_SGE (16, at most 1024),
  *   SOFTVERBS_MAX_QP_RD_ATOM (16), SOFTVERBS_MAX_CQE (65536),
  *   SOFTVERBS_MAX_MR_SIZE (1 TiB); max_qp 16384, max_mr 65535.
+ *   SOFTVERBS_EXEC_DELAY_US (0) makes each WR take that long, a slow link
+ *   for tests that must act while a batch is in flight.
  * - PDs, MRs (host memory and dma-buf), CQs, RC QPs with the verbs state
  *   machine, one-sided RDMA READ and RDMA WRITE (IBV_SEND_INLINE for WRITE
  *   up to 256 bytes), post_recv (queued only: no SEND is ever delivered).

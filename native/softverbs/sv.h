@@ -31,6 +31,7 @@
 
 struct sv_config {
     int link_ethernet;
+    long exec_delay_us;     /* SOFTVERBS_EXEC_DELAY_US: a slow link, for tests that race it */
     int max_qp_wr, max_sge, max_qp_rd_atom, max_cqe;
     uint64_t max_mr_size;
 };
