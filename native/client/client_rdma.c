@@ -79,7 +79,8 @@ static int ready_locked(struct client_rdma *r, const char *near_pci)
     return r->state == 1 ? 0 : GDRKV_E_UNAVAILABLE;
 }
 
-int client_rdma_ready(struct client_rdma *r)
+/* Opens the device on first use: 0, or GDRKV_E_UNAVAILABLE (r->why). */
+static int client_rdma_ready(struct client_rdma *r)
 {
     pthread_mutex_lock(&r->lock);
     int rc = ready_locked(r, NULL);

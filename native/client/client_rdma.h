@@ -71,8 +71,6 @@ struct client_rdma {
 
 int client_rdma_init(struct client_rdma *r);
 void client_rdma_destroy(struct client_rdma *r);
-/* Opens the device on first use: 0, or GDRKV_E_UNAVAILABLE (r->why). */
-int client_rdma_ready(struct client_rdma *r);
 /* Registers [ptr, ptr + len) with the NIC: host memory with ibv_reg_mr,
  * GPU memory (device >= 0, its ordinal) through dma-buf, or with
  * ibv_reg_mr where nvidia-peermem makes that work. The first registration

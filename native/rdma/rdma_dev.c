@@ -14,7 +14,11 @@
 #include "gdrkv.h"
 #include "common/log.h"
 
-char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
+/* /sys path under GDRKV_SYSFS_ROOT; returns buf. */
+static char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
 {
     const char *root = getenv("GDRKV_SYSFS_ROOT");
     if (!root || !*root)
@@ -339,7 +343,8 @@ static void report_device(const struct gk_ibv *ibv, struct ibv_device *dev, stru
     ibv->close_device(ctx);
 }
 
-void rdma_dev_report(struct gk_text *t)
+/* Appends the report gdrkv_rdma_report describes (gdrkv.h) to t. */
+static void rdma_dev_report(struct gk_text *t)
 {
     const char *why = "";
     gk_text_printf(t, "rdma_built 1\nrdma_library %s\n", gk_ibv_library());

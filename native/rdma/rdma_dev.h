@@ -44,11 +44,5 @@ void rdma_dev_close(struct rdma_dev *d);
 /* The largest MR the device registers, rounded down to `align`. */
 uint64_t rdma_dev_max_mr(const struct rdma_dev *d, uint64_t align);
 
-/* Appends the report gdrkv_rdma_report describes (gdrkv.h) to t. */
-void rdma_dev_report(struct gk_text *t);
-
-/* /sys path under GDRKV_SYSFS_ROOT; returns buf. */
-char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif
