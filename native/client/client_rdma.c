@@ -161,8 +161,6 @@ static const struct client_mr *mr_of(struct client_rdma *r, uint64_t ptr, uint64
 
 /* ------------------------------------------------------------ connections */
 
-#define CLIENT_RDMA_FLUSH_MRS 8
-
 struct client_rdma_conn {
     struct client_rdma *owner;
     struct rdma_qps qps;
@@ -175,35 +173,12 @@ struct client_rdma_conn {
     uint8_t *flags;                 /* WRITE: the frame's commit flags */
     /* READ: one destination in each MR that needs a flush (one MR per GPU
      * is the usual engine layout), with the MR's rkey. */
-    uint64_t flush_addr[CLIENT_RDMA_FLUSH_MRS];
-    uint32_t flush_rkey[CLIENT_RDMA_FLUSH_MRS];
-    uint32_t nflush;
+    struct rdma_flush flush;
     /* The loopback QP its flush READs go on, made on first need: each
      * connection has its own, so a flush waits for nothing but itself. */
     struct rdma_flusher *flusher;
     int plan_err;                   /* why add_piece refused */
 };
-
-/* The frame's flush READs, one per MR that needs one; a failed flusher is
- * dropped and made anew next time. */
-static int flush_reads(struct client_rdma_conn *rc, uint64_t deadline_ns)
-{
-    struct client_rdma *r = rc->owner;
-    struct rdma_dev *d = r->dev;
-    int err = 0;
-    for (uint32_t i = 0; i < rc->nflush && !err; i++) {
-        if (!rc->flusher && !(rc->flusher = rdma_flusher_new(d)))
-            return GDRKV_E_UNAVAILABLE;
-        err = rdma_flush_read(rc->flusher, rc->flush_addr[i], rc->flush_rkey[i], deadline_ns);
-        __atomic_fetch_add(&r->flush_reads, 1, __ATOMIC_RELAXED);
-    }
-    if (err) {
-        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(err));
-        rdma_flusher_free(d, rc->flusher);
-        rc->flusher = NULL;
-    }
-    return err;
-}
 
 /* The HELLO answer's body: the server's endpoint, then its regions. */
 static int take_answer(struct client_rdma_conn *rc, const uint8_t *body, size_t len,
@@ -362,15 +337,16 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint
     piece.lkey = m->lkey;
     piece.rkey = g->rkey;
     if (m->flush && len > 0) {
+        struct rdma_flush *fl = &rc->flush;
         uint32_t i = 0;
-        while (i < rc->nflush && rc->flush_rkey[i] != m->rkey)
+        while (i < fl->n && fl->rkey[i] != m->rkey)
             i++;
         /* More MRs than slots: the last slot's MR stands for the rest,
          * which is right when they are on the same GPU. */
-        i = GK_MIN(i, (uint32_t)CLIENT_RDMA_FLUSH_MRS - 1);
-        rc->flush_addr[i] = seg_addr;
-        rc->flush_rkey[i] = m->rkey;
-        rc->nflush = GK_MAX(rc->nflush, i + 1);
+        i = GK_MIN(i, (uint32_t)RDMA_FLUSH_MAX - 1);
+        fl->addr[i] = seg_addr;
+        fl->rkey[i] = m->rkey;
+        fl->n = GK_MAX(fl->n, i + 1);
     }
     while (len > 0) {
         piece.len = (uint32_t)GK_MIN(len, 1ull << 30);
@@ -400,7 +376,7 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
 {
     struct client_rdma *r = rc->owner;
     rdma_pieces_reset(&rc->pieces);
-    rc->nflush = 0;
+    rc->flush.n = 0;
     rc->batch = b;
     rc->frame = f;
     pthread_mutex_lock(&r->lock);
@@ -422,19 +398,38 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
         return rc_plan == GDRKV_E_INTERNAL ? rc->plan_err : rc_plan;
     }
 
-    struct rdma_post_stats st = {0};
-    int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, b->deadline_ns, fail_key, rc, &st);
-    rc->flags = NULL;
-    /* The READs are complete, but before Hopper the GPU may not see their
-     * bytes yet: one READ of the destination orders them. */
-    if (opcode == IBV_WR_RDMA_READ && rc->nflush && err != GDRKV_E_TIMEOUT) {
-        int ferr = flush_reads(rc, b->deadline_ns);
-        if (ferr) {
-            for (uint32_t p = f->first; p < f->first + f->count; p++)
-                if (b->results[b->index[p]] >= 0)
-                    b->results[b->index[p]] = ferr;
+    /* READs into memory a GPU before Hopper reads: their bytes are the
+     * GPU's only after a flush READ of the destination, which the run posts
+     * once they are confirmed and takes in the same completion loop. */
+    struct rdma_flush *flush = NULL;
+    if (opcode == IBV_WR_RDMA_READ && rc->flush.n) {
+        if (!rc->flusher)
+            rc->flusher = rdma_flusher_new(r->dev);
+        if (rc->flusher) {
+            flush = &rc->flush;
+            rdma_flusher_target(rc->flusher, flush);
+            flush->done = 0;
+            flush->err = 0;
         }
     }
+    struct rdma_post_stats st = {0};
+    int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, flush, b->deadline_ns, fail_key, rc,
+                            &st);
+    rc->flags = NULL;
+    if (opcode == IBV_WR_RDMA_READ && rc->flush.n && err != GDRKV_E_TIMEOUT &&
+        (!flush || flush->done < flush->n)) {
+        int ferr = !flush ? GDRKV_E_UNAVAILABLE : flush->err ? flush->err : GDRKV_E_INTERNAL;
+        GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(ferr));
+        for (uint32_t p = f->first; p < f->first + f->count; p++)
+            if (b->results[b->index[p]] >= 0)
+                b->results[b->index[p]] = ferr;
+        if (rc->flusher) {
+            rdma_flusher_free(r->dev, rc->flusher);
+            rc->flusher = NULL;
+        }
+    }
+    if (flush)
+        __atomic_fetch_add(&r->flush_reads, flush->done + (flush->done < flush->n), __ATOMIC_RELAXED);
     __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->read_frames : &r->write_frames, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->work_requests, st.wrs, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->doorbells, st.posts, __ATOMIC_RELAXED);

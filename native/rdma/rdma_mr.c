@@ -150,26 +150,10 @@ struct rdma_flusher *rdma_flusher_new(struct rdma_dev *d)
     return f;
 }
 
-int rdma_flush_read(struct rdma_flusher *f, uint64_t addr, uint32_t rkey, uint64_t deadline_ns)
+void rdma_flusher_target(const struct rdma_flusher *f, struct rdma_flush *flush)
 {
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)f->scratch, .length = 1,
-                          .lkey = f->mr->lkey};
-    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
-                             .send_flags = IBV_SEND_SIGNALED,
-                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}};
-    struct ibv_send_wr *bad = NULL;
-    struct ibv_qp *qp = f->qps.qp[0];
-    int rc = gk_post_send(qp, &wr, &bad) ? GDRKV_E_UNAVAILABLE : GDRKV_E_TIMEOUT;
-    while (rc == GDRKV_E_TIMEOUT) {
-        struct ibv_wc wc;
-        int n = gk_poll_cq(f->qps.cq, 1, &wc);
-        if (n < 0 || (n == 1 && wc.status != IBV_WC_SUCCESS))
-            rc = GDRKV_E_UNAVAILABLE;
-        else if (n == 1)
-            rc = 0;
-        else if (gk_now_ns() >= deadline_ns)
-            break;
-    }
-    return rc;
+    flush->qp = f->qps.qp[0];
+    flush->cq = f->qps.cq;
+    flush->scratch = (uint64_t)(uintptr_t)f->scratch;
+    flush->lkey = f->mr->lkey;
 }
-

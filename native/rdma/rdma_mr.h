@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "rdma_dev.h"
+#include "rdma_post.h"
 
 /* "dddd:bb:dd.0" of GPU device into buf, or NULL when CUDA can't say: for
  * choosing the NIC nearest to it. */
@@ -32,9 +33,9 @@ void rdma_mr_deregister(struct rdma_dev *d, struct ibv_mr *mr, int dmabuf_fd);
 struct rdma_flusher;
 struct rdma_flusher *rdma_flusher_new(struct rdma_dev *d);
 void rdma_flusher_free(struct rdma_dev *d, struct rdma_flusher *f);
-/* One signalled 1-byte READ of addr (rkey), waited for until deadline_ns.
- * 0, GDRKV_E_TIMEOUT, or GDRKV_E_UNAVAILABLE; after a failure the flusher
- * (a QP in error, or with a READ outstanding) must be freed. */
-int rdma_flush_read(struct rdma_flusher *f, uint64_t addr, uint32_t rkey, uint64_t deadline_ns);
+/* Points flush at the flusher's QP, CQ and scratch byte, for
+ * rdma_post_run to post the flush READs on (rdma_post.h). A flusher whose
+ * flush failed (a QP in error, or with a READ outstanding) must be freed. */
+void rdma_flusher_target(const struct rdma_flusher *f, struct rdma_flush *flush);
 
 #endif

@@ -253,8 +253,40 @@ static int finished(const struct run *r)
     return 1;
 }
 
+/* The next flush READ (its QP takes one at a time). The flushes are
+ * counted by the caller (rdma_flush_reads), not with the data's WRs. */
+static int post_flush(struct rdma_flush *f)
+{
+    struct ibv_sge sge = {.addr = f->scratch, .length = 1, .lkey = f->lkey};
+    struct ibv_send_wr wr = {.wr_id = f->done, .sg_list = &sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
+                             .wr = {.rdma = {.remote_addr = f->addr[f->done],
+                                             .rkey = f->rkey[f->done]}}};
+    struct ibv_send_wr *bad = NULL;
+    return gk_post_send(f->qp, &wr, &bad);
+}
+
+/* Takes the flush READ's completion, if it came: 1, 0 (not yet), or a
+ * negative error in f->err. */
+static int poll_flush(struct rdma_flush *f)
+{
+    struct ibv_wc wc;
+    int n = gk_poll_cq(f->cq, 1, &wc);
+    if (n <= 0) {
+        f->err = n;
+        return n;
+    }
+    if (wc.status != IBV_WC_SUCCESS) {
+        GK_WARN("rdma: flush READ completed with status %d", (int)wc.status);
+        f->err = GDRKV_E_UNAVAILABLE;
+        return f->err;
+    }
+    f->done++;
+    return 1;
+}
+
 int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
-                  uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
+                  struct rdma_flush *flush, uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
                   struct rdma_post_stats *stats)
 {
     struct run r = {
@@ -272,22 +304,40 @@ int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
             fail(arg, p->list[i].key, GDRKV_E_INTERNAL);
         return 0;
     }
-    int rc = 0;
-    while (!finished(&r)) {
-        for (uint32_t j = 0; j < q->n; j++)
-            if (!r.qps[j].dead && r.qps[j].posted < r.qps[j].total)
-                post_chain(&r, j);
-        int n = poll_completions(&r);
-        if (n < 0) {
-            GK_WARN("rdma: polling the CQ failed");
+    int rc = 0, flushing = 0;
+    for (;;) {
+        int n;
+        if (!finished(&r)) {
             for (uint32_t j = 0; j < q->n; j++)
-                if (!r.qps[j].dead)
-                    qp_dies(&r, j, GDRKV_E_INTERNAL);
-            r.lost = 1;
+                if (!r.qps[j].dead && r.qps[j].posted < r.qps[j].total)
+                    post_chain(&r, j);
+            n = poll_completions(&r);
+            if (n < 0) {
+                for (uint32_t j = 0; j < q->n; j++)
+                    if (!r.qps[j].dead)
+                        qp_dies(&r, j, GDRKV_E_INTERNAL);
+                r.lost = 1;
+                break;
+            }
+        } else if (flush && !r.lost && flush->done < flush->n && !flush->err) {
+            /* Every data READ is confirmed: now the flushes, in this loop. */
+            if (!flushing && post_flush(flush)) {
+                flush->err = GDRKV_E_UNAVAILABLE;
+                break;
+            }
+            flushing = 1;
+            n = poll_flush(flush);
+            if (n < 0)
+                break;
+            if (n > 0)
+                flushing = 0;
+        } else {
             break;
         }
         if (n == 0 && gk_now_ns() >= deadline_ns) {
             rc = GDRKV_E_TIMEOUT;
+            if (flushing)
+                flush->err = GDRKV_E_TIMEOUT;
             break;
         }
     }

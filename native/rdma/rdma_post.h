@@ -53,8 +53,28 @@ struct rdma_post_stats {
 /* Calls fail(arg, key, err) for each key that must fail. */
 typedef void (*rdma_fail_fn)(void *arg, uint32_t key, int err);
 
+#define RDMA_FLUSH_MAX 8
+
+/* The flush READs that end a GET into memory a pre-Hopper GPU reads (NCCL's
+ * iflush): a READ of each destination MR, so the NIC's writes before it are
+ * visible to the GPU. They go on a QP connected to itself (rdma_mr.h) once
+ * every data READ is confirmed, one at a time, and their completions are
+ * taken by the same loop as the data's. */
+struct rdma_flush {
+    struct ibv_qp *qp;
+    struct ibv_cq *cq;
+    uint64_t scratch;               /* the byte each flush READ lands in */
+    uint32_t lkey;
+    uint32_t n;                     /* flushes wanted */
+    uint64_t addr[RDMA_FLUSH_MAX];
+    uint32_t rkey[RDMA_FLUSH_MAX];
+    uint32_t done;                  /* out: flushes completed */
+    int err;                        /* out: why they stopped short (the flusher must go) */
+};
+
 /* Runs every piece (opcode IBV_WR_RDMA_READ or IBV_WR_RDMA_WRITE) and
- * waits for it, until deadline_ns. Returns
+ * waits for it, then the flush READs when flush is not NULL (unless WRs may
+ * still be in flight), until deadline_ns. Returns
  *   0                    every WR confirmed (keys may still have failed),
  *   GDRKV_E_UNAVAILABLE  an error completion broke a QP: its unconfirmed
  *                        keys failed, nothing of it is in flight (an RC
@@ -65,7 +85,7 @@ typedef void (*rdma_fail_fn)(void *arg, uint32_t key, int err);
  *                        still be in flight: the caller fails the frame
  *                        and destroys the QPs before returning. */
 int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
-                  uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
+                  struct rdma_flush *flush, uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
                   struct rdma_post_stats *stats);
 
 #endif
