@@ -14,9 +14,10 @@
 #include <string.h>
 
 #include "client.h"
-#include "client_batch.h"
-#include "client_server.h"
+#include "client_call.h"
 #include "client_gpu.h"
+#include "client_rdma.h"
+#include "client_server.h"
 #include "common/net.h"
 
 #define CLIENT_DEFAULT_PORT 7480
@@ -120,7 +121,7 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
      * NIC and back would only cost more. */
     if (c->opts.transport == GDRKV_TRANSPORT_RDMA ||
         (c->opts.transport == GDRKV_TRANSPORT_AUTO && !s->local))
-        s->rdma = &c->rdma;
+        s->rdma = c->rdma;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
         if (!strcmp(c->servers[i].name, s->name))
@@ -158,21 +159,13 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     gdrkv_client *c = calloc(1, sizeof *c);
     if (!c)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    if (client_regions_init(&c->regions)) {
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
-    if (client_copier_init(&c->copier)) {
-        client_regions_destroy(&c->regions);
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
-    if (client_rdma_init(&c->rdma)) {
-        client_copier_destroy(&c->copier);
-        client_regions_destroy(&c->regions);
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
+    if (client_regions_init(&c->regions))
+        goto no_regions;
+    if (client_copier_init(&c->copier))
+        goto no_copier;
+    c->rdma = calloc(1, sizeof *c->rdma);
+    if (!c->rdma || client_rdma_init(c->rdma))
+        goto no_rdma;
     c->opts = *opts;
     c->opts.servers = NULL;
     snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
@@ -187,6 +180,15 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     }
     *out = c;
     return 0;
+
+no_rdma:
+    free(c->rdma);
+    client_copier_destroy(&c->copier);
+no_copier:
+    client_regions_destroy(&c->regions);
+no_regions:
+    free(c);
+    return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
 }
 
 void gdrkv_client_close(gdrkv_client *c)
@@ -200,7 +202,8 @@ void gdrkv_client_close(gdrkv_client *c)
     client_regions_destroy(&c->regions);
     client_copier_destroy(&c->copier);
     /* After the servers: their connections' QPs go before the device. */
-    client_rdma_destroy(&c->rdma);
+    client_rdma_destroy(c->rdma);
+    free(c->rdma);
     free(c);
 }
 
@@ -221,7 +224,7 @@ int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
         rc = client_regions_add_dev(&c->regions, ptr, len, device, buffer_id);
     if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
         return rc;
-    int rrc = client_rdma_register(&c->rdma, ptr, len, device);
+    int rrc = client_rdma_register(c->rdma, ptr, len, device);
     if (rrc && c->opts.transport == GDRKV_TRANSPORT_RDMA) {
         client_regions_remove(&c->regions, ptr);
         return rrc;
@@ -235,7 +238,7 @@ int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr)
         return GDRKV_E_CLOSED;
     int rc = client_regions_remove(&c->regions, ptr);
     if (rc == 0)
-        client_rdma_unregister(&c->rdma, ptr);
+        client_rdma_unregister(c->rdma, ptr);
     return rc;
 }
 
@@ -392,17 +395,17 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "shm_connects", gk_counter_get(&k->shm_connects));
     gk_text_u64(&t, "shm_bytes_copied", gk_counter_get(&k->shm_bytes_copied));
     gk_text_u64(&t, "shm_leases_expired", gk_counter_get(&k->shm_leases_expired));
-    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma.state, __ATOMIC_RELAXED) == 1);
-    gk_text_u64(&t, "rdma_read_frames", gk_counter_get(&c->rdma.reads));
-    gk_text_u64(&t, "rdma_write_frames", gk_counter_get(&c->rdma.writes));
-    gk_text_u64(&t, "rdma_work_requests", gk_counter_get(&c->rdma.wrs));
-    gk_text_u64(&t, "rdma_doorbells", gk_counter_get(&c->rdma.posts));
-    gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma.completions));
-    gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma.bytes));
-    gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma.fallback_frames));
-    gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma.flushes));
-    gk_text_u64(&t, "rdma_gpu_mrs", gk_counter_get(&c->rdma.gpu_mrs));
-    gk_text_u64(&t, "rdma_gpu_mrs_dmabuf", gk_counter_get(&c->rdma.gpu_mrs_dmabuf));
+    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1);
+    gk_text_u64(&t, "rdma_read_frames", gk_counter_get(&c->rdma->reads));
+    gk_text_u64(&t, "rdma_write_frames", gk_counter_get(&c->rdma->writes));
+    gk_text_u64(&t, "rdma_work_requests", gk_counter_get(&c->rdma->wrs));
+    gk_text_u64(&t, "rdma_doorbells", gk_counter_get(&c->rdma->posts));
+    gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma->completions));
+    gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma->bytes));
+    gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma->fallback_frames));
+    gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma->flushes));
+    gk_text_u64(&t, "rdma_gpu_mrs", gk_counter_get(&c->rdma->gpu_mrs));
+    gk_text_u64(&t, "rdma_gpu_mrs_dmabuf", gk_counter_get(&c->rdma->gpu_mrs_dmabuf));
     gk_text_u64(&t, "gpu_bytes", gk_counter_get(&k->gpu_bytes));
     gk_text_u64(&t, "gpu_kernel_launches", gk_counter_get(&k->gpu_kernel_launches));
     gk_text_u64(&t, "gpu_copy_engine_calls", gk_counter_get(&k->gpu_copy_engine_calls));

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 
 /* One piece: len bytes of key position p, at seg_off in segment seg (an
  * index into b->seg_ptrs/seg_lens) and pool_off in the pool. Returns 0, or

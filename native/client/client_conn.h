@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 #include "client_copy.h"
 #include "client_iov.h"
 #include "common/net.h"

@@ -15,10 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "client_batch.h"
 #include "client_copy.h"
-#include "client_shm.h"
+#include "client_state.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "common/log.h"

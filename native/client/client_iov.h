@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 
 /* Entries handed to one syscall: well under IOV_MAX, and enough to move a
  * megabyte of 4 KiB values per call. */

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 #include "rdma/rdma_post.h"
 
 struct client_mr {

@@ -11,24 +11,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client_batch.h"
+#include "client_state.h"
 #include "client_copy.h"
 
 struct client_server;
 struct gpu_list;
 
-/* One mapping of a server's pool. A restarted server has a new memfd, so a
- * new mapping; the old one goes when its last connection does. */
-struct client_pool {
-    const uint8_t *base;
-    uint64_t size;          /* the server's capacity: every chunk lies below it */
-    size_t map_len;
-    dev_t dev;
-    ino_t ino;
-    uint32_t refs;          /* atomic: the server's current pool holds one */
-    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
-    uint64_t gpu_dptr;      /* where the GPU reads base (gpu_client.c) */
-};
 
 /* Connects to s's unix socket and maps its pool: returns the connected,
  * non-blocking fd with *pool referenced, or a negative gdrkv_error. */

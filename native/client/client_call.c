@@ -10,14 +10,15 @@
  * tables and one for the jobs, frames and frame buffers. Each is laid out
  * by running the same function twice, first only to measure.
  */
+#include "client_call.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "client_batch.h"
+#include "client_gpu.h"
+#include "client_run.h"
 #include "client_server.h"
 #include "common/common.h"
-#include "client_gpu.h"
 #include "route.h"
 
 /* Value bytes a stripe must carry to be worth a connection of its own:
@@ -214,16 +215,6 @@ static int plan(struct gdrkv_client *c, struct client_call *call,
     plan_all(&pl, shares, c->nservers);
     call->njobs = pl.njobs;
     return 0;
-}
-
-void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
-{
-    if (!client_op_has_keys(b->opcode)) {
-        f->result = err;
-        return;
-    }
-    for (uint32_t p = f->first; p < f->first + f->count; p++)
-        b->results[b->index[p]] = err;
 }
 
 /* ------------------------------------------------------------ keyed calls */

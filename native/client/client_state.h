@@ -1,0 +1,200 @@
+/*
+ * client_state.h - the structs the client wing's files share, at the
+ * bottom of the wing: any client file may include it, and it includes no
+ * client header but the two leaf ones whose structs the client embeds
+ * (client_copy.h, client_regions.h). client.h has the wing's file map.
+ *
+ *   struct gdrkv_client      the client: options, server table, ranges, counters
+ *   struct client_counters   the client's counters (CLIENT_COUNTERS)
+ *   struct client_pool       a server's pool, mapped (shm)
+ *   struct client_keys       a keyed call's arguments, as the public API takes them
+ *   struct client_batch      one call taken apart: its keys grouped by server
+ *   struct client_frame      one request and its response
+ *   struct client_job        the frames one connection carries in turn
+ *   struct client_call       a batch and its jobs, for the poll loop
+ */
+#ifndef GDRKV_CLIENT_STATE_H
+#define GDRKV_CLIENT_STATE_H
+
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "client_copy.h"
+#include "client_regions.h"
+#include "gdrkv.h"
+#include "common/protocol.h"
+#include "common/stats.h"
+
+struct client_conn;
+struct client_rdma;
+struct client_server;
+struct gpu_call;
+
+/* ------------------------------------------------------------ the client */
+
+/* Updated with relaxed atomics from any calling thread. */
+struct client_counters {
+    uint64_t calls[GK_OP_MAX + 1];
+    uint64_t keys[GK_OP_MAX + 1];
+    struct gk_latency latency[GK_OP_MAX + 1];
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint64_t errors_timeout;        /* keys (or keyless frames) failed by each error */
+    uint64_t errors_unavailable;
+    uint64_t errors_protocol;
+    uint64_t connects;              /* connections opened */
+    uint64_t connect_failures;
+    uint64_t shortcircuit_keys;     /* keys failed at once because their server was down */
+    uint64_t shm_connects;          /* of connects, over a unix socket with the pool mapped */
+    uint64_t shm_bytes_copied;      /* GET bytes copied out of a mapped pool */
+    uint64_t shm_leases_expired;    /* LEASE frames whose keys failed: lease lost before RELEASE */
+    uint64_t gpu_bytes;             /* bytes moved to or from GPU memory (client_gpu.c) */
+    uint64_t gpu_kernel_launches;
+    uint64_t gpu_copy_engine_calls;
+};
+
+/* A client is shared by many threads: everything but the counters is set
+ * at open and only read after; each server guards its own state. */
+struct gdrkv_client {
+    gdrkv_client_opts opts;         /* servers and ns are not kept: see below */
+    char ns_name[GK_MAX_NS_LEN + 1];
+    struct gk_ns ns;
+    uint32_t nservers;
+    struct client_server *servers;
+    uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
+    struct client_regions regions;
+    struct client_copier copier;    /* helper threads for large shm copies */
+    struct client_rdma *rdma;       /* device and MRs of the rdma transport */
+    struct client_counters counters;
+};
+
+/* One mapping of a server's pool. A restarted server has a new memfd, so a
+ * new mapping; the old one goes when its last connection does. */
+struct client_pool {
+    const uint8_t *base;
+    uint64_t size;          /* the server's capacity: every chunk lies below it */
+    size_t map_len;
+    dev_t dev;
+    ino_t ino;
+    uint32_t refs;          /* atomic: the server's current pool holds one */
+    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
+    uint64_t gpu_dptr;      /* where the GPU reads base (client_gpu.c) */
+};
+
+/* ------------------------------------------------------------ a call */
+
+/* A keyed call's arguments, as the public API takes them. */
+struct client_keys {
+    uint32_t n;
+    const char *keys;
+    const uint32_t *key_lens;
+    const uint64_t *seg_ptrs;       /* NULL for EXISTS and DELETE */
+    const uint64_t *seg_lens;
+    const uint32_t *seg_counts;
+    int64_t *results;
+    uint64_t stream;                /* GET/PUT: the caller's CUstream, or 0 */
+};
+
+/* One call taken apart: the keys grouped by server (client_call.c builds
+ * it), the request/response exchanges that carry them (struct
+ * client_frame), and the frames each connection carries in turn (struct
+ * client_job, driven by client_run.c, one frame at a time by
+ * client_conn.c). */
+struct client_batch {
+    uint8_t opcode;
+    const struct gk_ns *ns;
+
+    /* The caller's arrays, indexed like the caller's keys. */
+    const uint64_t *seg_ptrs;
+    const uint64_t *seg_lens;
+    const uint32_t *seg_counts;
+    int64_t *results;
+
+    /* The keys that go on the wire, grouped by server: position p is the
+     * caller's key index[p]. Gathered so that a frame's keys are one run
+     * the protocol encoder takes as is. */
+    uint32_t *index;
+    uint32_t *key_lens;
+    uint64_t *sizes;        /* entry size: PUT value bytes, GET capacity, else 0 */
+    uint64_t *first_seg;    /* the key's first entry in seg_ptrs/seg_lens */
+    uint64_t *got;          /* GET: bytes the response carries for the key */
+    uint8_t *keys;
+
+    /* STATS copies the server's text here (NUL-terminated, truncated). */
+    char *text;
+    size_t text_cap;
+
+    /* shm: the client's copy helpers. */
+    struct client_copier *copier;
+    /* The call's deadline, for the transports' synchronous steps (copies,
+     * RDMA completions). */
+    uint64_t deadline_ns;
+
+    /* GPU segments of the call (client_gpu.h), or NULL when there are none. */
+    struct gpu_call *gpu;
+
+    /* Traffic of the call, added to the client's counters once at the end. */
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint64_t shm_bytes_copied;
+    uint64_t shm_leases_expired;
+};
+
+/* One request and its response. */
+struct client_frame {
+    uint32_t first;         /* positions of its keys in the batch */
+    uint32_t count;
+    uint64_t key_off;       /* offset of its first key's bytes in batch->keys */
+    uint32_t body_len;      /* request body bytes */
+    uint64_t payload_len;   /* PUT: value bytes that follow the body */
+    uint8_t *buf;           /* request header + body, then response header + body */
+    size_t buf_cap;
+    int64_t result;         /* keyless ops: CLEAR's count, STATS' text length, or an error */
+};
+
+/* The frames one connection carries, one after the other. */
+struct client_job {
+    uint32_t server;        /* index in the client's server table */
+    struct client_frame *frames;
+    uint32_t nframes;
+    uint32_t done;          /* frames answered so far */
+    struct client_conn *conn;
+    int err;                /* why the frames from `done` on failed, or 0 */
+    const char *why;        /* the same, for the log */
+};
+
+struct client_call {
+    struct client_batch batch;
+    struct client_job *jobs;    /* grouped by server, in server order */
+    uint32_t njobs;
+    struct pollfd *pollfds;     /* one per job, for the poll loop */
+    uint64_t deadline_ns;
+};
+
+/* Whether an op's frames carry keys (CLEAR carries only the namespace). */
+static inline int client_op_has_keys(uint8_t op)
+{
+    return op == GK_OP_EXISTS || op == GK_OP_GET || op == GK_OP_PUT || op == GK_OP_DELETE;
+}
+
+/* Results a successful response to a frame of `count` keys carries: one
+ * per key, CLEAR's single count, none for PING and STATS. */
+static inline uint32_t client_response_count(uint8_t op, uint32_t count)
+{
+    return client_op_has_keys(op) ? count : op == GK_OP_CLEAR ? 1 : 0;
+}
+
+/* Gives every key of f (or f itself, for keyless ops) the result err. */
+static inline void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
+{
+    if (!client_op_has_keys(b->opcode)) {
+        f->result = err;
+        return;
+    }
+    for (uint32_t p = f->first; p < f->first + f->count; p++)
+        b->results[b->index[p]] = err;
+}
+
+#endif
