@@ -107,7 +107,7 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
     }
 
     struct client_server *s = &c->servers[c->nservers];
-    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
+    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts, c->rdma);
     if (rc == GDRKV_E_INVALID && unix_path)
         return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
                           "reach it (shm and auto can)", text,
@@ -117,15 +117,10 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
                           "local server (a loopback address or unix:PATH)", text);
     if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    /* auto reaches a server on this host over shm (or tcp): rdma through the
-     * NIC and back would only cost more. */
-    if (c->opts.transport == GDRKV_TRANSPORT_RDMA ||
-        (c->opts.transport == GDRKV_TRANSPORT_AUTO && !s->local))
-        s->rdma = c->rdma;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
-        if (!strcmp(c->servers[i].name, s->name))
-            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->name);
+        if (!strcmp(c->servers[i].ep.name, s->ep.name))
+            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->ep.name);
     return 0;
 }
 
@@ -342,7 +337,7 @@ int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
         return GDRKV_E_CLOSED;
     if (i >= c->nservers || !buf || !len)
         return GDRKV_E_INVALID;
-    snprintf(buf, len, "%s", c->servers[i].name);
+    snprintf(buf, len, "%s", c->servers[i].ep.name);
     return 0;
 }
 

@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include "client_rdma.h"
-#include "client_server.h"
 #include "client_shm.h"
 #include "common/common.h"
 #include "gdrkv.h"
@@ -29,39 +28,56 @@
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
-struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err)
+/* The socket: the endpoint's unix socket with its pool mapped, where it
+ * has one that answers; else tcp, unless the endpoint is shm only. */
+static int open_socket(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool)
 {
-    struct client_pool *pool = NULL;
     int fd = GDRKV_E_UNAVAILABLE;
 
-    if (s->unix_path[0]) {
-        fd = client_shm_connect(s, deadline_ns, &pool);
-        if (fd < 0 && !s->shm_only)
-            GK_DEBUG("%s: no shm on %s (%s), using tcp", s->name, s->unix_path,
+    if (ep->unix_path[0]) {
+        fd = client_shm_connect(ep, deadline_ns, pool);
+        if (fd < 0 && !ep->shm_only)
+            GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
                      gdrkv_strerror(fd));
     }
-    if (fd < 0 && !s->shm_only)
-        fd = gk_connect_tcp(&s->addr, deadline_ns);
-    /* rdma: the RDMA_HELLO goes out now and its answer is read by the
-     * call's poll loop (CLIENT_CONN_HELLO), so a server that never answers
-     * holds up only its own keys. A fresh socket takes its ~200 bytes. */
-    struct client_rdma_conn *rdma = NULL;
-    if (fd >= 0 && !pool && s->rdma) {
-        uint8_t req[RDMA_HELLO_REQUEST_MAX];
-        size_t len = 0;
-        int rc = client_rdma_conn_new(s->rdma, &rdma, req, sizeof req, &len);
-        if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
-            client_rdma_conn_close(rdma);
-            rdma = NULL;
-            rc = GDRKV_E_UNAVAILABLE;
-            close(fd);
-            fd = rc;
-        } else if (rc && s->rdma_only) {
-            GK_DEBUG("%s: no rdma here (%s)", s->name, gdrkv_strerror(rc));
-            close(fd);
-            fd = GDRKV_E_UNAVAILABLE;
-        }
+    if (fd < 0 && !ep->shm_only)
+        fd = gk_connect_tcp(&ep->addr, deadline_ns);
+    return fd;
+}
+
+/* rdma: the QPs made and the RDMA_HELLO sent on the fresh tcp socket fd,
+ * its answer read by the call's poll loop, so a server that never answers
+ * holds up only its own keys. A fresh socket takes its ~200 bytes. Returns
+ * fd (with *rdma set, or NULL where rdma is not to be had here and plain
+ * frames may do), or a negative gdrkv_error with fd closed. */
+static int send_rdma_hello(struct client_endpoint *ep, int fd, struct client_rdma_conn **rdma)
+{
+    uint8_t req[RDMA_HELLO_REQUEST_MAX];
+    size_t len = 0;
+    int rc = client_rdma_conn_new(ep->rdma, rdma, req, sizeof req, &len);
+    if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
+        client_rdma_conn_close(*rdma);
+        *rdma = NULL;
+        close(fd);
+        return GDRKV_E_UNAVAILABLE;
     }
+    if (rc && ep->rdma_only) {
+        GK_DEBUG("%s: no rdma here (%s)", ep->name, gdrkv_strerror(rc));
+        close(fd);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    return fd;
+}
+
+struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns, int *err)
+{
+    struct client_pool *pool = NULL;
+    struct client_rdma_conn *rdma = NULL;
+    int fd = open_socket(ep, deadline_ns, &pool);
+
+    if (fd >= 0 && !pool && ep->rdma)
+        fd = send_rdma_hello(ep, fd, &rdma);
     if (fd < 0) {
         *err = fd;
         return NULL;
@@ -78,7 +94,7 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     c->pool = pool;
     c->rdma = rdma;
     c->hello_pending = rdma != NULL;
-    c->rdma_only = s->rdma_only;
+    c->rdma_only = ep->rdma_only;
     /* Request 1 may have been HELLO or RDMA_HELLO. */
     c->next_req_id = 2;
     return c;

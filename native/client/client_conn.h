@@ -39,7 +39,6 @@ enum client_conn_phase {
     CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
 };
 
-struct client_server;
 struct client_pool;
 struct gpu_conn;
 
@@ -76,10 +75,12 @@ struct client_conn {
     struct client_iov io;
 };
 
-/* Connects to s within deadline_ns, over shm where s has a unix socket
- * that answers (else tcp, unless s is shm only); NULL with *err =
- * GDRKV_E_TIMEOUT, GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
-struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err);
+/* Connects to the endpoint within deadline_ns, over shm where it has a
+ * unix socket that answers (else tcp, unless it is shm only), with QPs
+ * where it uses rdma; NULL with *err = GDRKV_E_TIMEOUT,
+ * GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns,
+                                     int *err);
 void client_conn_close(struct client_conn *c);
 int client_conn_is_shm(const struct client_conn *c);
 

@@ -71,7 +71,7 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
             client_conn_close(conn);
         if (!conn) {
             int err;
-            conn = client_conn_open(s, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
+            conn = client_conn_open(&s->ep, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
             if (!conn) {
                 gk_counter_add(&c->counters.connect_failures, 1);
                 /* Past connect_timeout_ms but within the call's deadline

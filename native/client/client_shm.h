@@ -14,13 +14,14 @@
 #include "client_state.h"
 #include "client_copy.h"
 
-struct client_server;
 struct gpu_list;
 
 
-/* Connects to s's unix socket and maps its pool: returns the connected,
- * non-blocking fd with *pool referenced, or a negative gdrkv_error. */
-int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct client_pool **pool);
+/* Connects to the endpoint's unix socket and maps its pool (shared with
+ * the endpoint's other connections): returns the connected, non-blocking
+ * fd with *pool referenced, or a negative gdrkv_error. */
+int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool);
 void client_pool_put(struct client_pool *p);
 
 /* Appends the copies a LEASE answer describes for keys [first, first +

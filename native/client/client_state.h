@@ -6,6 +6,7 @@
  *
  *   struct gdrkv_client      the client: options, server table, ranges, counters
  *   struct client_counters   the client's counters (CLIENT_COUNTERS)
+ *   struct client_endpoint   how to reach one server (address, unix socket, rdma, pool)
  *   struct client_pool       a server's pool, mapped (shm)
  *   struct client_keys       a keyed call's arguments, as the public API takes them
  *   struct client_batch      one call taken apart: its keys grouped by server
@@ -17,6 +18,7 @@
 #define GDRKV_CLIENT_STATE_H
 
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -24,6 +26,7 @@
 #include "client_copy.h"
 #include "client_regions.h"
 #include "gdrkv.h"
+#include "common/net.h"
 #include "common/protocol.h"
 #include "common/stats.h"
 
@@ -68,6 +71,26 @@ struct gdrkv_client {
     struct client_copier copier;    /* helper threads for large shm copies */
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
     struct client_counters counters;
+};
+
+/* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
+ * "unix:" and a socket path. */
+#define CLIENT_SERVER_NAME_MAX (sizeof(((struct gk_addr *)0)->host) + 9)
+
+/* How to reach one server: what a connection is opened over. Its unix
+ * socket first, with the server's pool mapped (shm), where it has one;
+ * else tcp; with QPs on the tcp connection where rdma is on. Set when the
+ * client opens (client_server.c) and only read after, but for the pool
+ * mapping, which has its own lock. */
+struct client_endpoint {
+    char name[CLIENT_SERVER_NAME_MAX];  /* canonical "host:port", "[v6]:port" or "unix:PATH" */
+    struct gk_addr addr;            /* unused for a unix: server */
+    char unix_path[GK_UNIX_PATH_MAX];   /* where to try shm first; "" = tcp only */
+    int shm_only;                   /* no tcp fallback: a unix: server, or transport shm */
+    struct client_rdma *rdma;       /* the client's, when transport rdma, or auto to another host */
+    int rdma_only;                  /* transport rdma: no plain tcp fallback */
+    pthread_mutex_t pool_lock;      /* guards pool */
+    struct client_pool *pool;       /* the mapping new connections share, or NULL */
 };
 
 /* One mapping of a server's pool. A restarted server has a new memfd, so a
