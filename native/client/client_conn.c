@@ -156,41 +156,107 @@ static void encode_request(const struct client_batch *b, const struct client_fra
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
-/* An rdma LEASE or RESERVE: the NIC moves the bytes, GPU memory included,
- * so nothing is staged. */
-static int in_place_rdma(const struct client_conn *c)
+/* ------------------------------------------------------------ exchanges */
+
+static int take_plain(struct client_conn *c);
+static int copy_leased(struct client_conn *c);
+static int read_leased(struct client_conn *c);
+static int write_reserved(struct client_conn *c);
+static int end_lease(struct client_conn *c);
+static int take_commit(struct client_conn *c);
+
+/* How a frame travels, chosen once when it begins by the connection's
+ * transport and the frame's segments: the request that carries it, the
+ * handler of its success answer, and the follow-up request that handler
+ * sends (send_followup) with the handler of the follow-up's answer. */
+struct client_exchange {
+    uint8_t request;        /* the request's op; 0: the batch's own */
+    int (*answer)(struct client_conn *c);
+    uint8_t followup;       /* 0: the answer ends the frame */
+    int (*followup_answer)(struct client_conn *c);
+    int staged;             /* GPU values pass through the connection's staging
+                               (they go on the socket); else the NIC or the pool
+                               copy moves them */
+};
+
+enum { EXCHANGE_PLAIN, EXCHANGE_SHM_LEASE, EXCHANGE_RDMA_LEASE, EXCHANGE_RDMA_RESERVE };
+
+static const struct client_exchange exchanges[] = {
+    /* tcp, and every frame shm or rdma don't take: values on the socket */
+    [EXCHANGE_PLAIN] = {0, take_plain, 0, NULL, 1},
+    /* shm GET: copied out of the mapped pool, then the lease confirmed */
+    [EXCHANGE_SHM_LEASE] = {GK_OP_LEASE, copy_leased, GK_OP_RELEASE, end_lease, 0},
+    /* rdma GET into registered memory: READ by the NIC, then confirmed */
+    [EXCHANGE_RDMA_LEASE] = {GK_OP_LEASE, read_leased, GK_OP_RELEASE, end_lease, 0},
+    /* rdma PUT from registered memory: WRITTEN into reserved chunks, then committed */
+    [EXCHANGE_RDMA_RESERVE] = {GK_OP_RESERVE, write_reserved, GK_OP_COMMIT, take_commit, 0},
+};
+
+static const struct client_exchange *choose_exchange(const struct client_conn *c)
 {
-    return c->rdma && (c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE);
+    uint8_t op = c->batch->opcode;
+
+    if (c->pool && op == GK_OP_GET)
+        return &exchanges[EXCHANGE_SHM_LEASE];
+    if (c->rdma && (op == GK_OP_GET || op == GK_OP_PUT) &&
+        client_rdma_frame_ok(c->rdma, c->batch, c->frame))
+        return &exchanges[op == GK_OP_GET ? EXCHANGE_RDMA_LEASE : EXCHANGE_RDMA_RESERVE];
+    return &exchanges[EXCHANGE_PLAIN];
 }
 
-/* Encodes the frame and starts sending it. */
+/* Readies the reader for the answer to request req_id, op on the wire,
+ * which answer will take once its header and body are in. */
+static void expect_answer(struct client_conn *c, uint8_t op, uint64_t req_id,
+                          int (*answer)(struct client_conn *c))
+{
+    c->wire_op = op;
+    c->req_id = req_id;
+    c->answer = answer;
+    c->resp_decoded = 0;
+    c->got = 0;
+    c->body = c->frame->buf + GK_HDR_SIZE;
+}
+
+static int take_request_answer(struct client_conn *c);
+
+/* Chooses the frame's exchange, encodes its request and starts sending it. */
 static void begin_frame(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     struct client_frame *f = c->frame;
 
-    c->req_id = c->next_req_id++;
-    c->wire_op = b->opcode;
-    if (c->pool && b->opcode == GK_OP_GET)
-        c->wire_op = GK_OP_LEASE;
-    else if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
-             client_rdma_frame_ok(c->rdma, b, f))
-        c->wire_op = b->opcode == GK_OP_GET ? GK_OP_LEASE : GK_OP_RESERVE;
-    encode_request(b, f, c->wire_op, c->req_id);
+    c->ex = choose_exchange(c);
+    uint8_t op = c->ex->request ? c->ex->request : b->opcode;
+    expect_answer(c, op, c->next_req_id++, take_request_answer);
+    encode_request(b, f, op, c->req_id);
     c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = f->buf + GK_HDR_SIZE;
     c->why = NULL;
-    /* GPU segments: PUT values gathered into staging, tcp GET values
+    /* GPU segments: PUT values gathered into staging, socket GET values
      * received into it (the iov below reads b->seg_ptrs, now redirected). */
-    c->gpu_err = b->gpu && !in_place_rdma(c) ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
+    c->gpu_err = b->gpu && c->ex->staged ? gpu_conn_start(&c->gpu, b, f, 1) : 0;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
-                    c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
+                    op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
 
-/* Whether the frame goes by RDMA is only known once RDMA_HELLO is
- * answered: until then the frame waits. */
+/* Sends the exchange's follow-up (RELEASE, COMMIT) from buf: its header,
+ * encoded here, and body_len bytes already in place after it. */
+static void send_followup(struct client_conn *c, uint8_t *buf, uint32_t count,
+                          uint32_t body_len)
+{
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = c->ex->followup,
+                       .count = count, .body_len = body_len, .req_id = c->next_req_id++};
+
+    expect_answer(c, h.opcode, h.req_id, c->ex->followup_answer);
+    gk_hdr_encode(&h, buf);
+    c->phase = CLIENT_CONN_SEND;
+    client_iov_init(&c->io, buf, GK_HDR_SIZE + (size_t)body_len, c->batch, 0, 0, NULL);
+}
+
+static int take_hello(struct client_conn *c);
+
+/* Whether the frame goes by RDMA is only known once RDMA_HELLO (request
+ * 1, sent at open) is answered: its answer is read first, then the frame
+ * begins. */
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->batch = b;
@@ -199,9 +265,8 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
         begin_frame(c);
         return;
     }
-    c->phase = CLIENT_CONN_HELLO;
-    c->resp_decoded = 0;
-    c->got = 0;
+    expect_answer(c, GK_OP_RDMA_HELLO, 1, take_hello);
+    c->phase = CLIENT_CONN_RECV_HEAD;
     c->why = NULL;
 }
 
@@ -270,10 +335,13 @@ static int send_request(struct client_conn *c)
 
 /* ------------------------------------------------------------ receiving */
 
+/* Results a success answer carries: none for RELEASE and RDMA_HELLO, else
+ * those of the frame's op. */
 static uint32_t expected_count(const struct client_conn *c)
 {
-    return c->wire_op == GK_OP_RELEASE ? 0 : client_response_count(c->batch->opcode,
-                                                                    c->frame->count);
+    if (c->wire_op == GK_OP_RELEASE || c->wire_op == GK_OP_RDMA_HELLO)
+        return 0;
+    return client_response_count(c->batch->opcode, c->frame->count);
 }
 
 /* Checks the response header against the request, before the body is
@@ -281,13 +349,13 @@ static uint32_t expected_count(const struct client_conn *c)
 static int take_header(struct client_conn *c)
 {
     struct gk_hdr *h = &c->resp;
-    uint8_t op = c->batch->opcode;
+    uint8_t op = c->wire_op;
 
     gk_hdr_decode(c->frame->buf, h);
     c->resp_decoded = 1;
     if (h->magic != GK_MAGIC || h->version != GK_VERSION)
         return broken(c, "not a gdrkv response");
-    if (h->opcode != (c->wire_op | GK_OP_RESPONSE) || h->req_id != c->req_id)
+    if (h->opcode != (op | GK_OP_RESPONSE) || h->req_id != c->req_id)
         return broken(c, "answer to another request");
     if (h->body_len > GK_MAX_BODY || c->got > GK_HDR_SIZE + (size_t)h->body_len)
         return broken(c, "body length out of bounds");
@@ -299,16 +367,17 @@ static int take_header(struct client_conn *c)
         uint32_t count = expected_count(c);
         if (h->count != count)
             return broken(c, "result count differs from the key count");
-        /* A LEASE's or RESERVE's chunk lists follow its results. */
-        int lists = c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE;
-        if (lists ? h->body_len < count * GK_RESULT_SIZE
-            : op != GK_OP_STATS && h->body_len != count * GK_RESULT_SIZE)
+        /* Bodies that go on past the results: LEASE's and RESERVE's chunk
+         * lists, RDMA_HELLO's endpoint, STATS text. */
+        int more = op == GK_OP_LEASE || op == GK_OP_RESERVE || op == GK_OP_RDMA_HELLO ||
+                   op == GK_OP_STATS;
+        if (more ? h->body_len < count * GK_RESULT_SIZE : h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
-        if (c->wire_op != GK_OP_GET && h->payload_len != 0)
+        if (op != GK_OP_GET && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
     }
-    /* STATS text and error messages may outgrow the frame buffer; the
-     * GK_MAX_BODY check above bounds this allocation. */
+    /* STATS text, error messages and RDMA_HELLO's answer may outgrow the
+     * frame buffer; the GK_MAX_BODY check above bounds this allocation. */
     if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
         c->body_heap = malloc(h->body_len);
         if (!c->body_heap) {
@@ -321,60 +390,121 @@ static int take_header(struct client_conn *c)
     return 0;
 }
 
-/* ------------------------------------------------------------ shm */
-
-/* Queues the RELEASE that ends the lease; its answer ends the frame. */
-static void start_release(struct client_conn *c)
+/* A LEASE's or RESERVE's chunk lists: the body after the results. */
+static const uint8_t *chunk_lists(const struct client_conn *c, size_t *len)
 {
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_RELEASE};
-
-    c->req_id = h.req_id = c->next_req_id++;
-    c->wire_op = GK_OP_RELEASE;
-    gk_hdr_encode(&h, c->release);
-    c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = c->frame->buf + GK_HDR_SIZE;
-    client_iov_init(&c->io, c->release, GK_HDR_SIZE, c->batch, 0, 0, NULL);
+    size_t results_len = (size_t)c->frame->count * GK_RESULT_SIZE;
+    *len = c->resp.body_len - results_len;
+    return c->body + results_len;
 }
 
-/* What an rdma run's outcome means for the frame: a broken QP has failed
- * its own keys and the others are good, so the frame goes on and the
- * connection closes after it; a timeout or bad lists end it now. */
-static int rdma_outcome(struct client_conn *c, int rc)
-{
-    if (rc == GDRKV_E_UNAVAILABLE) {
-        c->rdma_broken = 1;
-        return 0;
-    }
-    if (rc == GDRKV_E_PROTOCOL)
-        return broken(c, "bad chunk lists");
-    if (rc)
-        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
-    return rc;
-}
-
-/* The LEASE answered: copies (shm) or READs (rdma) the objects out of the
- * pool, then releases. A lease with nothing to copy needs no confirmation;
- * the server drops it when the next frame comes. */
-static int copy_leased(struct client_conn *c, uint64_t bytes)
+/* Writes the keys' results and gives *payload the GET bytes they announce,
+ * each checked against its destination before any value is read. */
+static int take_results(struct client_conn *c, uint64_t *payload)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
+    uint8_t op = b->opcode;
 
-    if (c->rdma) {
-        int rc = bytes ? rdma_outcome(c, client_rdma_read(c->rdma, c->body + results_len,
-                                                          c->resp.body_len - results_len, b, f))
-                       : 0;
-        if (rc == 0 && bytes > 0)
-            start_release(c);
+    *payload = 0;
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r;
+        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        if (r.status > 0)
+            return broken(c, "positive key status");
+        int64_t result = r.status;
+        uint64_t carried = 0;
+        if (r.status == 0) {
+            if (r.size > GK_MAX_OBJECT)
+                return broken(c, "object size over the limit");
+            if (op == GK_OP_GET && r.size > b->sizes[p])
+                return broken(c, "object larger than its destination");
+            carried = op == GK_OP_GET ? r.size : 0;
+            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
+        }
+        if (op == GK_OP_GET) {
+            b->got[p] = carried;
+            *payload += carried;
+        }
+        b->results[b->index[p]] = result;
+    }
+    return 0;
+}
+
+/* A plain frame answered: the keys' results (a GET's values follow in the
+ * payload), CLEAR's count, STATS' text, or PING's nothing. */
+static int take_plain(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    struct client_frame *f = c->frame;
+    const struct gk_hdr *h = &c->resp;
+
+    if (client_op_has_keys(b->opcode)) {
+        uint64_t payload;
+        int rc = take_results(c, &payload);
+        if (rc)
+            return rc;
+        if (payload != h->payload_len)
+            return broken(c, "payload length differs from the object sizes");
+        if (payload)
+            client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+        return 0;
+    }
+    if (b->opcode == GK_OP_CLEAR) {
+        struct gk_result r;
+        int rc = 0;
+        gk_result_decode(c->body, &r);
+        if (r.status > 0 || r.size > INT64_MAX)
+            rc = broken(c, "bad clear result");
+        f->result = r.status < 0 ? r.status : (int64_t)r.size;
         return rc;
     }
+    if (b->opcode == GK_OP_STATS) {
+        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
+        memcpy(b->text, c->body, len);
+        b->text[len] = '\0';
+        f->result = (int64_t)len;
+        return 0;
+    }
+    f->result = 0;
+    return 0;
+}
+
+/* The frame's request answered: a refusal fails its keys; a success goes
+ * to the exchange's handler. */
+static int take_request_answer(struct client_conn *c)
+{
+    const struct gk_hdr *h = &c->resp;
+
+    if (h->status == 0)
+        return c->ex->answer(c);
+    GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(c->batch->opcode),
+             gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
+             (const char *)c->body);
+    client_frame_fail(c->batch, c->frame, h->status);
+    return 0;
+}
+
+/* ------------------------------------------------------------ shm */
+
+/* The LEASE answered over shm: copies the objects out of the pool, then
+ * releases. A lease with nothing to copy needs no confirmation; the
+ * server drops it when the next frame comes. */
+static int copy_leased(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint64_t bytes;
+    size_t len;
+
+    int rc = take_results(c, &bytes);
+    if (rc)
+        return rc;
+    const uint8_t *lists = chunk_lists(c, &len);
     struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
-    int rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
-             : client_shm_plan(c->pool, c->body + results_len, c->resp.body_len - results_len,
-                               b, f->first, f->count, &c->copies, gpu);
+    rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
+         : client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
          * ones meanwhile; the RELEASE goes once the kernel is done too
@@ -402,9 +532,75 @@ static int copy_leased(struct client_conn *c, uint64_t bytes)
     }
     if (bytes > 0) {
         b->shm_bytes_copied += bytes;
-        start_release(c);
+        send_followup(c, c->release, 0, 0);
     }
     return 0;
+}
+
+/* The LEASE's kernel: when it is done the bytes are the caller's, and the
+ * lease can end. */
+static int wait_gpu(struct client_conn *c)
+{
+    int rc = gpu_conn_leased_done(c->gpu);
+    if (rc < 0) {
+        c->why = "GPU copy failed";
+        return rc;
+    }
+    if (rc == 1) {
+        c->batch->shm_bytes_copied += c->leased_bytes;
+        send_followup(c, c->release, 0, 0);
+    }
+    return 0;
+}
+
+/* RELEASE answered: status 0 vouches for the bytes copied (or READ) under
+ * the lease; otherwise the lease was lost (the timeout dropped it) and the
+ * bytes may be another object's, so every key of the frame fails. */
+static int end_lease(struct client_conn *c)
+{
+    int32_t status = c->resp.status;
+    if (status) {
+        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
+                 c->frame->count);
+        client_frame_fail(c->batch, c->frame, status);
+        c->batch->shm_leases_expired++;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ rdma */
+
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered over rdma: READs the objects into the caller's
+ * segments, then releases (nothing to READ, nothing to confirm). */
+static int read_leased(struct client_conn *c)
+{
+    uint64_t bytes;
+    size_t len;
+
+    int rc = take_results(c, &bytes);
+    if (rc || bytes == 0)
+        return rc;
+    const uint8_t *lists = chunk_lists(c, &len);
+    rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
+    if (rc == 0)
+        send_followup(c, c->release, 0, 0);
+    return rc;
 }
 
 /* The RESERVE answered: WRITEs the values of the reserved keys, then
@@ -413,8 +609,8 @@ static int write_reserved(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    size_t results_len = (size_t)f->count * GK_RESULT_SIZE;
     size_t need = GK_HDR_SIZE + (size_t)f->count;
+    size_t len;
 
     if (need > c->commit_cap) {
         uint8_t *p = realloc(c->commit, need);
@@ -437,8 +633,8 @@ static int write_reserved(struct client_conn *c)
         flags[k] = r.status == 0;
         b->results[b->index[p]] = r.status < 0 ? r.status : 0;
     }
-    int rc = rdma_outcome(c, client_rdma_write(c->rdma, c->body + results_len,
-                                               c->resp.body_len - results_len, b, f, flags));
+    const uint8_t *lists = chunk_lists(c, &len);
+    int rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
     if (rc)
         return rc;
     /* Reserved keys COMMIT drops make the server stop this connection's
@@ -449,17 +645,7 @@ static int write_reserved(struct client_conn *c)
         if (r.status == 0 && !flags[k])
             c->rdma_broken = 1;
     }
-
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_COMMIT,
-                       .count = f->count, .body_len = f->count};
-    c->req_id = h.req_id = c->next_req_id++;
-    c->wire_op = GK_OP_COMMIT;
-    gk_hdr_encode(&h, c->commit);
-    c->phase = CLIENT_CONN_SEND;
-    c->resp_decoded = 0;
-    c->got = 0;
-    c->body = c->frame->buf + GK_HDR_SIZE;
-    client_iov_init(&c->io, c->commit, need, b, 0, 0, NULL);
+    send_followup(c, c->commit, f->count, f->count);
     return 0;
 }
 
@@ -470,7 +656,17 @@ static int take_commit(struct client_conn *c)
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
     const uint8_t *flags = c->commit + GK_HDR_SIZE;
+    int32_t status = c->resp.status;
 
+    if (status) {
+        /* The reservations expired (or the server lost them): what was to
+         * be committed is not stored, and the QPs are gone with them. */
+        for (uint32_t k = 0; k < f->count; k++)
+            if (flags[k])
+                b->results[b->index[f->first + k]] = status;
+        c->rdma_broken = 1;
+        return 1;
+    }
     for (uint32_t k = 0; k < f->count; k++) {
         struct gk_result r;
         if (!flags[k])
@@ -483,121 +679,48 @@ static int take_commit(struct client_conn *c)
     return 1;
 }
 
-/* RELEASE answered: status 0 vouches for the bytes copied under the lease;
- * otherwise the lease was lost (the timeout dropped it) and the bytes may
- * be another object's, so every key of the frame fails. */
-static int end_lease(struct client_conn *c)
+/* The RDMA_HELLO answer connects the QPs. When the server has no rdma (or
+ * can't set it up) under transport auto, the connection goes on as a
+ * plain tcp one; under transport rdma it fails. Then the frame begins. */
+static int take_hello(struct client_conn *c)
 {
-    int32_t status = c->resp.status;
-    if (status) {
-        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
-                 c->frame->count);
-        client_frame_fail(c->batch, c->frame, status);
-        c->batch->shm_leases_expired++;
+    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body, c->resp.body_len);
+    c->hello_pending = 0;
+    if (rc && c->rdma_only) {
+        c->why = "the server has no rdma";
+        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
     }
-    return 1;
-}
-
-/* ------------------------------------------------------------ results */
-
-/* Writes the keys' results. A GET's announced sizes are checked against
- * the destinations and the payload length before the values are read. */
-static int take_results(struct client_conn *c)
-{
-    struct client_batch *b = c->batch;
-    const struct client_frame *f = c->frame;
-    uint8_t op = b->opcode;
-    uint64_t payload = 0;
-
-    if (c->wire_op == GK_OP_RESERVE)
-        return write_reserved(c);
-    for (uint32_t k = 0; k < f->count; k++) {
-        uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
-        if (r.status > 0)
-            return broken(c, "positive key status");
-        int64_t result = r.status;
-        uint64_t carried = 0;
-        if (r.status == 0) {
-            if (r.size > GK_MAX_OBJECT)
-                return broken(c, "object size over the limit");
-            if (op == GK_OP_GET && r.size > b->sizes[p])
-                return broken(c, "object larger than its destination");
-            carried = op == GK_OP_GET ? r.size : 0;
-            result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
-        }
-        if (op == GK_OP_GET) {
-            b->got[p] = carried;
-            payload += carried;
-        }
-        b->results[b->index[p]] = result;
+    if (rc) {
+        /* The whole answer was read: the socket serves plain frames. */
+        client_rdma_conn_close(c->rdma);
+        c->rdma = NULL;
     }
-    if (c->wire_op == GK_OP_LEASE)
-        return copy_leased(c, payload);
-    if (payload != c->resp.payload_len)
-        return broken(c, "payload length differs from the object sizes");
-    if (payload)
-        client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
+    begin_frame(c);
     return 0;
 }
 
+/* ------------------------------------------------------------ the reader */
+
+/* The answer's header and body, then its handler. */
 static int take_body(struct client_conn *c)
 {
-    struct client_batch *b = c->batch;
-    struct client_frame *f = c->frame;
-    const struct gk_hdr *h = &c->resp;
-    int rc = 0;
-
-    if (c->wire_op == GK_OP_RELEASE) {
-        rc = end_lease(c);
-    } else if (c->wire_op == GK_OP_COMMIT && h->status) {
-        /* The reservations expired (or the server lost them): what was to
-         * be committed is not stored, and the QPs are gone with them. */
-        const uint8_t *flags = c->commit + GK_HDR_SIZE;
-        for (uint32_t k = 0; k < f->count; k++)
-            if (flags[k])
-                b->results[b->index[f->first + k]] = h->status;
-        c->rdma_broken = 1;
-        rc = 1;
-    } else if (c->wire_op == GK_OP_COMMIT) {
-        rc = take_commit(c);
-    } else if (h->status) {
-        GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
-                 gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
-                 (const char *)c->body);
-        client_frame_fail(b, f, h->status);
-    } else if (client_op_has_keys(b->opcode)) {
-        rc = take_results(c);
-    } else if (b->opcode == GK_OP_CLEAR) {
-        struct gk_result r;
-        gk_result_decode(c->body, &r);
-        if (r.status > 0 || r.size > INT64_MAX)
-            rc = broken(c, "bad clear result");
-        f->result = r.status < 0 ? r.status : (int64_t)r.size;
-    } else if (b->opcode == GK_OP_STATS) {
-        size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
-        memcpy(b->text, c->body, len);
-        b->text[len] = '\0';
-        f->result = (int64_t)len;
-    } else {
-        f->result = 0;
-    }
+    int rc = c->answer(c);
     free(c->body_heap);
     c->body_heap = NULL;
     if (rc)
         return rc;
     if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
-        return 0;       /* a lease or a reservation: RELEASE or COMMIT goes next */
-    /* Only a GET has a payload, and take_results has set up its stream. */
-    if (h->status || h->payload_len == 0)
+        return 0;       /* a follow-up goes next (after RDMA_HELLO: the frame) */
+    /* Only a GET has a payload, and take_plain has set up its stream. */
+    if (c->resp.status || c->resp.payload_len == 0)
         return 1;
     c->phase = CLIENT_CONN_RECV_PAYLOAD;
     return 0;
 }
 
 /* Header and body; the first recv asks for exactly the body a success
- * would have, a longer one (STATS, error text) is read once known. */
+ * would have, a longer one (STATS, chunk lists, error text, RDMA_HELLO's
+ * endpoint) is read once known. */
 static int recv_head(struct client_conn *c)
 {
     for (;;) {
@@ -609,7 +732,10 @@ static int recv_head(struct client_conn *c)
         ssize_t n = recv(c->fd, dst, want, 0);
         if (n <= 0)
             return stalled_or_lost(c, n);
-        c->batch->bytes_received += (uint64_t)n;
+        /* RDMA_HELLO is the connection's set-up, not the call's traffic
+         * (its request went out at open, uncounted too). */
+        if (c->wire_op != GK_OP_RDMA_HELLO)
+            c->batch->bytes_received += (uint64_t)n;
         c->got += (size_t)n;
         if (!c->resp_decoded && c->got >= GK_HDR_SIZE) {
             int rc = take_header(c);
@@ -649,81 +775,9 @@ static int recv_payload(struct client_conn *c)
     return 1;
 }
 
-/* The LEASE's kernel: when it is done the bytes are the caller's, and the
- * lease can end. */
-static int wait_gpu(struct client_conn *c)
-{
-    int rc = gpu_conn_leased_done(c->gpu);
-    if (rc < 0) {
-        c->why = "GPU copy failed";
-        return rc;
-    }
-    if (rc == 1) {
-        c->batch->shm_bytes_copied += c->leased_bytes;
-        start_release(c);
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------ rdma set-up */
-
-/* The RDMA_HELLO answer: header, then its body into the heap. When the
- * server has no rdma (or can't set it up) under transport auto, the
- * connection goes on as a plain tcp one; under transport rdma it fails. */
-static int recv_hello(struct client_conn *c)
-{
-    for (;;) {
-        uint8_t *dst = c->got < GK_HDR_SIZE ? c->hello_hdr + c->got
-                                            : c->body_heap + (c->got - GK_HDR_SIZE);
-        size_t want = c->got < GK_HDR_SIZE ? GK_HDR_SIZE - c->got
-                                           : GK_HDR_SIZE + (size_t)c->resp.body_len - c->got;
-        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
-        if (want && n <= 0)
-            return stalled_or_lost(c, n);
-        c->got += (size_t)n;
-        if (!c->resp_decoded && c->got == GK_HDR_SIZE) {
-            struct gk_hdr *h = &c->resp;
-            gk_hdr_decode(c->hello_hdr, h);
-            if (h->magic != GK_MAGIC || h->version != GK_VERSION ||
-                h->opcode != (GK_OP_RDMA_HELLO | GK_OP_RESPONSE) || h->req_id != 1 ||
-                h->count || h->payload_len || h->body_len > GK_MAX_BODY) {
-                c->why = "bad rdma hello answer";
-                return GDRKV_E_PROTOCOL;
-            }
-            c->body_heap = malloc(GK_MAX(h->body_len, 1u));
-            if (!c->body_heap) {
-                c->why = "out of memory";
-                return GDRKV_E_INTERNAL;
-            }
-            c->resp_decoded = 1;
-            continue;
-        }
-        if (c->resp_decoded && c->got == GK_HDR_SIZE + (size_t)c->resp.body_len)
-            break;
-        if ((size_t)n < want)
-            return 0;
-    }
-    int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body_heap, c->resp.body_len);
-    free(c->body_heap);
-    c->body_heap = NULL;
-    c->hello_pending = 0;
-    if (rc && c->rdma_only) {
-        c->why = "the server has no rdma";
-        return rc == GDRKV_E_UNSUPPORTED || rc == GDRKV_E_PROTOCOL ? GDRKV_E_UNAVAILABLE : rc;
-    }
-    if (rc) {
-        /* The whole answer was read: the socket serves plain frames. */
-        client_rdma_conn_close(c->rdma);
-        c->rdma = NULL;
-    }
-    begin_frame(c);
-    return 0;
-}
-
 static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
-    case CLIENT_CONN_HELLO: return recv_hello(c);
     case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);
