@@ -355,13 +355,19 @@ int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len
 
 /* ------------------------------------------------------------ counters */
 
+static uint32_t servers_down(gdrkv_client *c)
+{
+    uint32_t down = 0;
+    for (uint32_t i = 0; i < c->nservers; i++)
+        down += (uint32_t)client_server_is_down(&c->servers[i]);
+    return down;
+}
 
 int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
 {
     const struct client_counters *k;
     struct gk_text t;
     char name[64];
-    uint32_t down = 0;
 
     if (!c)
         return GDRKV_E_CLOSED;
@@ -379,35 +385,13 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
             gk_text_u64(&t, name, gk_counter_get(&k->keys[op]));
         }
     }
-    gk_text_u64(&t, "bytes_sent", gk_counter_get(&k->bytes_sent));
-    gk_text_u64(&t, "bytes_received", gk_counter_get(&k->bytes_received));
-    gk_text_u64(&t, "errors_timeout", gk_counter_get(&k->errors_timeout));
-    gk_text_u64(&t, "errors_unavailable", gk_counter_get(&k->errors_unavailable));
-    gk_text_u64(&t, "errors_protocol", gk_counter_get(&k->errors_protocol));
-    gk_text_u64(&t, "connects", gk_counter_get(&k->connects));
-    gk_text_u64(&t, "connect_failures", gk_counter_get(&k->connect_failures));
-    gk_text_u64(&t, "shortcircuit_keys", gk_counter_get(&k->shortcircuit_keys));
-    gk_text_u64(&t, "shm_connects", gk_counter_get(&k->shm_connects));
-    gk_text_u64(&t, "shm_bytes_copied", gk_counter_get(&k->shm_bytes_copied));
-    gk_text_u64(&t, "shm_leases_expired", gk_counter_get(&k->shm_leases_expired));
-    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1);
-    gk_text_u64(&t, "rdma_read_frames", gk_counter_get(&c->rdma->reads));
-    gk_text_u64(&t, "rdma_write_frames", gk_counter_get(&c->rdma->writes));
-    gk_text_u64(&t, "rdma_work_requests", gk_counter_get(&c->rdma->wrs));
-    gk_text_u64(&t, "rdma_doorbells", gk_counter_get(&c->rdma->posts));
-    gk_text_u64(&t, "rdma_completions", gk_counter_get(&c->rdma->completions));
-    gk_text_u64(&t, "rdma_bytes", gk_counter_get(&c->rdma->bytes));
-    gk_text_u64(&t, "rdma_fallback_frames", gk_counter_get(&c->rdma->fallback_frames));
-    gk_text_u64(&t, "rdma_flush_reads", gk_counter_get(&c->rdma->flushes));
-    gk_text_u64(&t, "rdma_gpu_mrs", gk_counter_get(&c->rdma->gpu_mrs));
-    gk_text_u64(&t, "rdma_gpu_mrs_dmabuf", gk_counter_get(&c->rdma->gpu_mrs_dmabuf));
-    gk_text_u64(&t, "gpu_bytes", gk_counter_get(&k->gpu_bytes));
-    gk_text_u64(&t, "gpu_kernel_launches", gk_counter_get(&k->gpu_kernel_launches));
-    gk_text_u64(&t, "gpu_copy_engine_calls", gk_counter_get(&k->gpu_copy_engine_calls));
-    for (uint32_t i = 0; i < c->nservers; i++)
-        down += (uint32_t)client_server_is_down(&c->servers[i]);
+#define OWN_TEXT(field) gk_text_u64(&t, #field, gk_counter_get(&k->field));
+#define FROM_TEXT(field, value) gk_text_u64(&t, #field, (value));
+    CLIENT_COUNTERS(OWN_TEXT, FROM_TEXT)
+#undef OWN_TEXT
+#undef FROM_TEXT
     gk_text_u64(&t, "servers", c->nservers);
-    gk_text_u64(&t, "servers_down", down);
+    gk_text_u64(&t, "servers_down", servers_down(c));
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         if (gk_op_is_transport(op))
             continue;

@@ -37,25 +37,48 @@ struct gpu_call;
 
 /* ------------------------------------------------------------ the client */
 
+/* The client's counters, one line each, in the order gdrkv_client_stats
+ * prints them (after calls_OP and keys_OP, before servers and the
+ * latencies). OWN(name) is a counter of struct client_counters; FROM(name,
+ * value) is read where it lives when the text is made: value is an
+ * expression of c, the client (the rdma transport keeps its own counters
+ * in struct client_rdma). A new counter is one line here. */
+#define CLIENT_COUNTERS(OWN, FROM)                                                              \
+    OWN(bytes_sent)                                                                             \
+    OWN(bytes_received)                                                                         \
+    OWN(errors_timeout)             /* keys (or keyless frames) failed by each error */         \
+    OWN(errors_unavailable)                                                                     \
+    OWN(errors_protocol)                                                                        \
+    OWN(connects)                   /* connections opened */                                    \
+    OWN(connect_failures)                                                                       \
+    OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
+    OWN(shm_connects)               /* of connects, over a unix socket with the pool mapped */  \
+    OWN(shm_bytes_copied)           /* GET bytes copied out of a mapped pool */                 \
+    OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
+    FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
+    FROM(rdma_read_frames, gk_counter_get(&c->rdma->reads))                                     \
+    FROM(rdma_write_frames, gk_counter_get(&c->rdma->writes))                                   \
+    FROM(rdma_work_requests, gk_counter_get(&c->rdma->wrs))                                     \
+    FROM(rdma_doorbells, gk_counter_get(&c->rdma->posts))                                       \
+    FROM(rdma_completions, gk_counter_get(&c->rdma->completions))                               \
+    FROM(rdma_bytes, gk_counter_get(&c->rdma->bytes))                                           \
+    FROM(rdma_fallback_frames, gk_counter_get(&c->rdma->fallback_frames))                       \
+    FROM(rdma_flush_reads, gk_counter_get(&c->rdma->flushes))                                   \
+    FROM(rdma_gpu_mrs, gk_counter_get(&c->rdma->gpu_mrs))                                      \
+    FROM(rdma_gpu_mrs_dmabuf, gk_counter_get(&c->rdma->gpu_mrs_dmabuf))                         \
+    OWN(gpu_bytes)                  /* bytes moved to or from GPU memory (client_gpu.c) */      \
+    OWN(gpu_kernel_launches)                                                                    \
+    OWN(gpu_copy_engine_calls)
+
+#define CLIENT_COUNTER_FIELD(name) uint64_t name;
+#define CLIENT_COUNTER_NONE(name, value)
+
 /* Updated with relaxed atomics from any calling thread. */
 struct client_counters {
     uint64_t calls[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
-    uint64_t bytes_sent;
-    uint64_t bytes_received;
-    uint64_t errors_timeout;        /* keys (or keyless frames) failed by each error */
-    uint64_t errors_unavailable;
-    uint64_t errors_protocol;
-    uint64_t connects;              /* connections opened */
-    uint64_t connect_failures;
-    uint64_t shortcircuit_keys;     /* keys failed at once because their server was down */
-    uint64_t shm_connects;          /* of connects, over a unix socket with the pool mapped */
-    uint64_t shm_bytes_copied;      /* GET bytes copied out of a mapped pool */
-    uint64_t shm_leases_expired;    /* LEASE frames whose keys failed: lease lost before RELEASE */
-    uint64_t gpu_bytes;             /* bytes moved to or from GPU memory (client_gpu.c) */
-    uint64_t gpu_kernel_launches;
-    uint64_t gpu_copy_engine_calls;
+    CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE)
 };
 
 /* A client is shared by many threads: everything but the counters is set
