@@ -1,7 +1,7 @@
 /*
  * client.c - the client half of gdrkv.h: options, the server table, and
  * the public entry points, each of which becomes a keyed batch or a
- * keyless call (client_batch.c).
+ * keyless call (client_call.c).
  *
  * A client is shared by many threads: the server table and options never
  * change after open, each server guards its own pool and health, and the
@@ -216,7 +216,7 @@ int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
         return GDRKV_E_INVALID;
     int rc = gpu_probe_region(ptr, len, &device, &buffer_id);
     if (rc >= 0)
-        rc = client_regions_add_dev(&c->regions, ptr, len, device, buffer_id);
+        rc = client_regions_add(&c->regions, ptr, len, device, buffer_id);
     if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
         return rc;
     int rrc = client_rdma_register(c->rdma, ptr, len, device);

@@ -1,5 +1,5 @@
 /*
- * client_batch.c - turns a call into jobs. A keyed batch: each key is
+ * client_call.c - turns a call into jobs. A keyed batch: each key is
  * checked, routed, failed at once if its server is in backoff, else
  * gathered with the other keys of its server; each server's share is
  * striped over connections and cut into frames within the protocol's
@@ -361,7 +361,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     memset(t.shares, 0, c->nservers * sizeof *t.shares);
 
     int rc = 0;
-    t.gpu = b->gpu = gpu_call_prepare(c, op, k, &rc);
+    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k, &rc);
     if (rc) {
         for (uint32_t i = 0; i < k->n; i++)
             k->results[i] = rc;

@@ -398,6 +398,14 @@ static const uint8_t *chunk_lists(const struct client_conn *c, size_t *len)
     return c->body + results_len;
 }
 
+/* The result of the frame's k-th key, from a success answer's body. */
+static struct gk_result key_result(const struct client_conn *c, uint32_t k)
+{
+    struct gk_result r;
+    gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+    return r;
+}
+
 /* Writes the keys' results and gives *payload the GET bytes they announce,
  * each checked against its destination before any value is read. */
 static int take_results(struct client_conn *c, uint64_t *payload)
@@ -409,8 +417,7 @@ static int take_results(struct client_conn *c, uint64_t *payload)
     *payload = 0;
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > 0)
             return broken(c, "positive key status");
         int64_t result = r.status;
@@ -452,9 +459,8 @@ static int take_plain(struct client_conn *c)
         return 0;
     }
     if (b->opcode == GK_OP_CLEAR) {
-        struct gk_result r;
+        struct gk_result r = key_result(c, 0);
         int rc = 0;
-        gk_result_decode(c->body, &r);
         if (r.status > 0 || r.size > INT64_MAX)
             rc = broken(c, "bad clear result");
         f->result = r.status < 0 ? r.status : (int64_t)r.size;
@@ -624,8 +630,7 @@ static int write_reserved(struct client_conn *c)
     uint8_t *flags = c->commit + GK_HDR_SIZE;
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > GK_RESERVE_PRESENT)
             return broken(c, "positive key status");
         if (r.status == 0 && r.size != b->sizes[p])
@@ -640,8 +645,7 @@ static int write_reserved(struct client_conn *c)
     /* Reserved keys COMMIT drops make the server stop this connection's
      * QPs (it can't know no WRITE is still coming): don't reuse it. */
     for (uint32_t k = 0; k < f->count; k++) {
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status == 0 && !flags[k])
             c->rdma_broken = 1;
     }
@@ -668,10 +672,9 @@ static int take_commit(struct client_conn *c)
         return 1;
     }
     for (uint32_t k = 0; k < f->count; k++) {
-        struct gk_result r;
         if (!flags[k])
             continue;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > 0)
             return broken(c, "positive key status");
         b->results[b->index[f->first + k]] = r.status;

@@ -58,7 +58,7 @@ struct client_conn {
     int hello_pending;          /* RDMA_HELLO sent, its answer not read yet */
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
-    struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
+    struct gpu_conn *gpu;       /* GPU staging and copies (client_gpu.h), on first use */
     int gpu_err;                /* the frame's GPU staging failed: fail it */
 
     /* The frame in flight. */

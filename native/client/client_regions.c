@@ -28,13 +28,8 @@ static int overlaps(const struct client_region *a, uint64_t ptr, uint64_t len)
     return ptr < a->ptr + a->len && a->ptr < ptr + len;
 }
 
-int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len)
-{
-    return client_regions_add_dev(r, ptr, len, -1, 0);
-}
-
-int client_regions_add_dev(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
-                           uint64_t buffer_id)
+int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
+                       uint64_t buffer_id)
 {
     int rc = 0;
 

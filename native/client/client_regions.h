@@ -1,8 +1,9 @@
 /*
- * client_regions.h - the memory ranges registered with a client. Over tcp
- * nothing needs pinning, so this is only the bookkeeping the other
- * transports will build on (they map each range once at registration):
- * ranges never overlap, and each is known by its start address.
+ * client_regions.h - the memory ranges registered with a client, host or
+ * GPU memory: ranges never overlap, and each is known by its start
+ * address. A call looks its segments up here to tell GPU memory from host
+ * memory (client_gpu.c); the rdma transport registers each range with the
+ * NIC as well.
  */
 #ifndef GDRKV_CLIENT_REGIONS_H
 #define GDRKV_CLIENT_REGIONS_H
@@ -25,11 +26,11 @@ struct client_regions {
 
 int client_regions_init(struct client_regions *r);
 void client_regions_destroy(struct client_regions *r);
-/* 0, or GDRKV_E_INVALID (empty, wrapping, or overlapping a registered range). */
-int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len);
-/* The same for a range of GPU device's memory (device -1: host memory). */
-int client_regions_add_dev(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
-                           uint64_t buffer_id);
+/* Adds [ptr, ptr + len) of GPU device's memory (device -1: host memory;
+ * buffer_id: CUDA's id of the GPU allocation). 0, or GDRKV_E_INVALID
+ * (empty, wrapping, or overlapping a registered range). */
+int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
+                       uint64_t buffer_id);
 /* A copy of the ranges (*out to free()), for a call to look segments up
  * in without holding the lock; 0 or GDRKV_E_INTERNAL. */
 int client_regions_snapshot(struct client_regions *r, struct client_region **out,
