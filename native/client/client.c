@@ -1,7 +1,7 @@
 /*
  * client.c - the client half of gdrkv.h: options, the server table, and
  * the public entry points, each of which becomes a keyed batch or a
- * keyless call (client_batch.c).
+ * keyless call (client_call.c).
  *
  * A client is shared by many threads: the server table and options never
  * change after open, each server guards its own pool and health, and the
@@ -14,9 +14,10 @@
 #include <string.h>
 
 #include "client.h"
-#include "client_batch.h"
-#include "client_server.h"
+#include "client_call.h"
 #include "client_gpu.h"
+#include "client_rdma.h"
+#include "client_server.h"
 #include "common/net.h"
 
 #define CLIENT_DEFAULT_PORT 7480
@@ -106,7 +107,7 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
     }
 
     struct client_server *s = &c->servers[c->nservers];
-    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts);
+    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts, c->rdma);
     if (rc == GDRKV_E_INVALID && unix_path)
         return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
                           "reach it (shm and auto can)", text,
@@ -116,15 +117,10 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
                           "local server (a loopback address or unix:PATH)", text);
     if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    /* auto reaches a server on this host over shm (or tcp): rdma through the
-     * NIC and back would only cost more. */
-    if (c->opts.transport == GDRKV_TRANSPORT_RDMA ||
-        (c->opts.transport == GDRKV_TRANSPORT_AUTO && !s->local))
-        s->rdma = &c->rdma;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
-        if (!strcmp(c->servers[i].name, s->name))
-            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->name);
+        if (!strcmp(c->servers[i].ep.name, s->ep.name))
+            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->ep.name);
     return 0;
 }
 
@@ -158,21 +154,13 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     gdrkv_client *c = calloc(1, sizeof *c);
     if (!c)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    if (client_regions_init(&c->regions)) {
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
-    if (client_copier_init(&c->copier)) {
-        client_regions_destroy(&c->regions);
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
-    if (client_rdma_init(&c->rdma)) {
-        client_copier_destroy(&c->copier);
-        client_regions_destroy(&c->regions);
-        free(c);
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    }
+    if (client_regions_init(&c->regions))
+        goto no_regions;
+    if (client_copier_init(&c->copier))
+        goto no_copier;
+    c->rdma = calloc(1, sizeof *c->rdma);
+    if (!c->rdma || client_rdma_init(c->rdma))
+        goto no_rdma;
     c->opts = *opts;
     c->opts.servers = NULL;
     snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
@@ -187,6 +175,15 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     }
     *out = c;
     return 0;
+
+no_rdma:
+    free(c->rdma);
+    client_copier_destroy(&c->copier);
+no_copier:
+    client_regions_destroy(&c->regions);
+no_regions:
+    free(c);
+    return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
 }
 
 void gdrkv_client_close(gdrkv_client *c)
@@ -200,7 +197,8 @@ void gdrkv_client_close(gdrkv_client *c)
     client_regions_destroy(&c->regions);
     client_copier_destroy(&c->copier);
     /* After the servers: their connections' QPs go before the device. */
-    client_rdma_destroy(&c->rdma);
+    client_rdma_destroy(c->rdma);
+    free(c->rdma);
     free(c);
 }
 
@@ -221,7 +219,7 @@ int gdrkv_client_register(gdrkv_client *c, uint64_t ptr, uint64_t len)
         rc = client_regions_add(&c->regions, ptr, len, device, buffer_id);
     if (rc || c->opts.transport == GDRKV_TRANSPORT_TCP || c->opts.transport == GDRKV_TRANSPORT_SHM)
         return rc;
-    int rrc = client_rdma_register(&c->rdma, ptr, len, device);
+    int rrc = client_rdma_register(c->rdma, ptr, len, device);
     if (rrc && c->opts.transport == GDRKV_TRANSPORT_RDMA) {
         client_regions_remove(&c->regions, ptr);
         return rrc;
@@ -235,7 +233,7 @@ int gdrkv_client_unregister(gdrkv_client *c, uint64_t ptr)
         return GDRKV_E_CLOSED;
     int rc = client_regions_remove(&c->regions, ptr);
     if (rc == 0)
-        client_rdma_unregister(&c->rdma, ptr);
+        client_rdma_unregister(c->rdma, ptr);
     return rc;
 }
 
@@ -339,7 +337,7 @@ int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
         return GDRKV_E_CLOSED;
     if (i >= c->nservers || !buf || !len)
         return GDRKV_E_INVALID;
-    snprintf(buf, len, "%s", c->servers[i].name);
+    snprintf(buf, len, "%s", c->servers[i].ep.name);
     return 0;
 }
 
@@ -357,13 +355,19 @@ int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len
 
 /* ------------------------------------------------------------ counters */
 
+static uint32_t servers_down(gdrkv_client *c)
+{
+    uint32_t down = 0;
+    for (uint32_t i = 0; i < c->nservers; i++)
+        down += (uint32_t)client_server_is_down(&c->servers[i]);
+    return down;
+}
 
 int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
 {
     const struct client_counters *k;
     struct gk_text t;
     char name[64];
-    uint32_t down = 0;
 
     if (!c)
         return GDRKV_E_CLOSED;
@@ -381,17 +385,13 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
             gk_text_u64(&t, name, gk_counter_get(&k->keys[op]));
         }
     }
-#define COUNTER_LINE(field, help) gk_text_u64(&t, #field, gk_counter_get(&k->field));
-    CLIENT_COUNTERS(COUNTER_LINE)
-#undef COUNTER_LINE
-    gk_text_u64(&t, "rdma_open", __atomic_load_n(&c->rdma.state, __ATOMIC_RELAXED) == 1);
-#define RDMA_LINE(field, help) gk_text_u64(&t, "rdma_" #field, gk_counter_get(&c->rdma.field));
-    CLIENT_RDMA_COUNTERS(RDMA_LINE)
-#undef RDMA_LINE
-    for (uint32_t i = 0; i < c->nservers; i++)
-        down += (uint32_t)client_server_is_down(&c->servers[i]);
+#define OWN_TEXT(field) gk_text_u64(&t, #field, gk_counter_get(&k->field));
+#define FROM_TEXT(field, value) gk_text_u64(&t, #field, (value));
+    CLIENT_COUNTERS(OWN_TEXT, FROM_TEXT)
+#undef OWN_TEXT
+#undef FROM_TEXT
     gk_text_u64(&t, "servers", c->nservers);
-    gk_text_u64(&t, "servers_down", down);
+    gk_text_u64(&t, "servers_down", servers_down(c));
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         if (gk_op_is_transport(op))
             continue;

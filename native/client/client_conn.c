@@ -19,10 +19,8 @@
 #include <unistd.h>
 
 #include "client_rdma.h"
-#include "client_server.h"
 #include "client_shm.h"
 #include "common/common.h"
-#include "common/grow.h"
 #include "gdrkv.h"
 #include "client_gpu.h"
 #include "common/log.h"
@@ -30,71 +28,56 @@
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
-/* What a frame is on the wire, chosen once when it begins (begin_frame) so
- * that no later step tests the transport again: the request that goes
- * first, what takes its answer, and the follow-up request that ends the
- * exchange with what takes that answer. */
-struct client_exchange {
-    uint8_t request_op;                         /* 0: the batch's own op */
-    int (*take_answer)(struct client_conn *c);  /* the first answer, status 0 */
-    uint8_t followup_op;                        /* 0: none */
-    int (*take_followup)(struct client_conn *c);
-    int nic_moves_bytes;                        /* rdma: nothing is staged for GPU memory */
-};
-
-static int take_plain(struct client_conn *c);
-static int take_lease_shm(struct client_conn *c);
-static int take_lease_rdma(struct client_conn *c);
-static int take_reserve(struct client_conn *c);
-static int take_release(struct client_conn *c);
-static int take_commit(struct client_conn *c);
-
-/* Values on the socket: every op over tcp, and all but GET over shm. */
-static const struct client_exchange EXCHANGE_PLAIN = {0, take_plain, 0, NULL, 0};
-/* shm GET: the objects' pool offsets under a lease, copied out of the
- * mapped pool, then RELEASE vouches they stayed pinned. */
-static const struct client_exchange EXCHANGE_SHM_LEASE = {
-    GK_OP_LEASE, take_lease_shm, GK_OP_RELEASE, take_release, 0};
-/* rdma GET: the same lease, its objects READ by the NIC. */
-static const struct client_exchange EXCHANGE_RDMA_LEASE = {
-    GK_OP_LEASE, take_lease_rdma, GK_OP_RELEASE, take_release, 1};
-/* rdma PUT: room reserved, the values WRITTEN into it, then COMMIT. */
-static const struct client_exchange EXCHANGE_RDMA_RESERVE = {
-    GK_OP_RESERVE, take_reserve, GK_OP_COMMIT, take_commit, 1};
-
-struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err)
+/* The socket: the endpoint's unix socket with its pool mapped, where it
+ * has one that answers; else tcp, unless the endpoint is shm only. */
+static int open_socket(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool)
 {
-    struct client_pool *pool = NULL;
     int fd = GDRKV_E_UNAVAILABLE;
 
-    if (s->unix_path[0]) {
-        fd = client_shm_connect(s, deadline_ns, &pool);
-        if (fd < 0 && !s->shm_only)
-            GK_DEBUG("%s: no shm on %s (%s), using tcp", s->name, s->unix_path,
+    if (ep->unix_path[0]) {
+        fd = client_shm_connect(ep, deadline_ns, pool);
+        if (fd < 0 && !ep->shm_only)
+            GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
                      gdrkv_strerror(fd));
     }
-    if (fd < 0 && !s->shm_only)
-        fd = gk_connect_tcp(&s->addr, deadline_ns);
-    /* rdma: the RDMA_HELLO goes out now and its answer is read by the
-     * call's poll loop (take_rdma_hello), so a server that never answers
-     * holds up only its own keys. A fresh socket takes its ~200 bytes. */
-    struct client_rdma_conn *rdma = NULL;
-    if (fd >= 0 && !pool && s->rdma) {
-        uint8_t req[RDMA_HELLO_REQUEST_MAX];
-        size_t len = 0;
-        int rc = client_rdma_conn_new(s->rdma, &rdma, req, sizeof req, &len);
-        if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
-            client_rdma_conn_close(rdma);
-            rdma = NULL;
-            rc = GDRKV_E_UNAVAILABLE;
-            close(fd);
-            fd = rc;
-        } else if (rc && s->rdma_only) {
-            GK_DEBUG("%s: no rdma here (%s)", s->name, gdrkv_strerror(rc));
-            close(fd);
-            fd = GDRKV_E_UNAVAILABLE;
-        }
+    if (fd < 0 && !ep->shm_only)
+        fd = gk_connect_tcp(&ep->addr, deadline_ns);
+    return fd;
+}
+
+/* rdma: the QPs made and the RDMA_HELLO sent on the fresh tcp socket fd,
+ * its answer read by the call's poll loop, so a server that never answers
+ * holds up only its own keys. A fresh socket takes its ~200 bytes. Returns
+ * fd (with *rdma set, or NULL where rdma is not to be had here and plain
+ * frames may do), or a negative gdrkv_error with fd closed. */
+static int send_rdma_hello(struct client_endpoint *ep, int fd, struct client_rdma_conn **rdma)
+{
+    uint8_t req[RDMA_HELLO_REQUEST_MAX];
+    size_t len = 0;
+    int rc = client_rdma_conn_new(ep->rdma, rdma, req, sizeof req, &len);
+    if (rc == 0 && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
+        client_rdma_conn_close(*rdma);
+        *rdma = NULL;
+        close(fd);
+        return GDRKV_E_UNAVAILABLE;
     }
+    if (rc && ep->rdma_only) {
+        GK_DEBUG("%s: no rdma here (%s)", ep->name, gdrkv_strerror(rc));
+        close(fd);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    return fd;
+}
+
+struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns, int *err)
+{
+    struct client_pool *pool = NULL;
+    struct client_rdma_conn *rdma = NULL;
+    int fd = open_socket(ep, deadline_ns, &pool);
+
+    if (fd >= 0 && !pool && ep->rdma)
+        fd = send_rdma_hello(ep, fd, &rdma);
     if (fd < 0) {
         *err = fd;
         return NULL;
@@ -111,7 +94,7 @@ struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_
     c->pool = pool;
     c->rdma = rdma;
     c->hello_pending = rdma != NULL;
-    c->rdma_only = s->rdma_only;
+    c->rdma_only = ep->rdma_only;
     /* Request 1 may have been HELLO or RDMA_HELLO. */
     c->next_req_id = 2;
     return c;
@@ -173,63 +156,107 @@ static void encode_request(const struct client_batch *b, const struct client_fra
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
+/* ------------------------------------------------------------ exchanges */
+
+static int take_plain(struct client_conn *c);
+static int copy_leased(struct client_conn *c);
+static int read_leased(struct client_conn *c);
+static int write_reserved(struct client_conn *c);
+static int end_lease(struct client_conn *c);
+static int take_commit(struct client_conn *c);
+
+/* How a frame travels, chosen once when it begins by the connection's
+ * transport and the frame's segments: the request that carries it, the
+ * handler of its success answer, and the follow-up request that handler
+ * sends (send_followup) with the handler of the follow-up's answer. */
+struct client_exchange {
+    uint8_t request;        /* the request's op; 0: the batch's own */
+    int (*answer)(struct client_conn *c);
+    uint8_t followup;       /* 0: the answer ends the frame */
+    int (*followup_answer)(struct client_conn *c);
+    int staged;             /* GPU values pass through the connection's staging
+                               (they go on the socket); else the NIC or the pool
+                               copy moves them */
+};
+
+enum { EXCHANGE_PLAIN, EXCHANGE_SHM_LEASE, EXCHANGE_RDMA_LEASE, EXCHANGE_RDMA_RESERVE };
+
+static const struct client_exchange exchanges[] = {
+    /* tcp, and every frame shm or rdma don't take: values on the socket */
+    [EXCHANGE_PLAIN] = {0, take_plain, 0, NULL, 1},
+    /* shm GET: copied out of the mapped pool, then the lease confirmed */
+    [EXCHANGE_SHM_LEASE] = {GK_OP_LEASE, copy_leased, GK_OP_RELEASE, end_lease, 0},
+    /* rdma GET into registered memory: READ by the NIC, then confirmed */
+    [EXCHANGE_RDMA_LEASE] = {GK_OP_LEASE, read_leased, GK_OP_RELEASE, end_lease, 0},
+    /* rdma PUT from registered memory: WRITTEN into reserved chunks, then committed */
+    [EXCHANGE_RDMA_RESERVE] = {GK_OP_RESERVE, write_reserved, GK_OP_COMMIT, take_commit, 0},
+};
+
 static const struct client_exchange *choose_exchange(const struct client_conn *c)
 {
-    const struct client_batch *b = c->batch;
+    uint8_t op = c->batch->opcode;
 
-    if (c->pool && b->opcode == GK_OP_GET)
-        return &EXCHANGE_SHM_LEASE;
-    if (c->rdma && (b->opcode == GK_OP_GET || b->opcode == GK_OP_PUT) &&
-        client_rdma_frame_ok(c->rdma, b, c->frame))
-        return b->opcode == GK_OP_GET ? &EXCHANGE_RDMA_LEASE : &EXCHANGE_RDMA_RESERVE;
-    return &EXCHANGE_PLAIN;
+    if (c->pool && op == GK_OP_GET)
+        return &exchanges[EXCHANGE_SHM_LEASE];
+    if (c->rdma && (op == GK_OP_GET || op == GK_OP_PUT) &&
+        client_rdma_frame_ok(c->rdma, c->batch, c->frame))
+        return &exchanges[op == GK_OP_GET ? EXCHANGE_RDMA_LEASE : EXCHANGE_RDMA_RESERVE];
+    return &exchanges[EXCHANGE_PLAIN];
 }
 
-/* Every request, first or follow-up, goes out the same way: the iov is
- * set up by the caller, the answer is awaited into the frame's buffer. */
-static void start_send(struct client_conn *c, uint8_t wire_op, uint64_t req_id)
+/* Readies the reader for the answer to request req_id, op on the wire,
+ * which answer will take once its header and body are in. */
+static void expect_answer(struct client_conn *c, uint8_t op, uint64_t req_id,
+                          int (*answer)(struct client_conn *c))
 {
+    c->wire_op = op;
     c->req_id = req_id;
-    c->wire_op = wire_op;
-    c->phase = CLIENT_CONN_SEND;
+    c->answer = answer;
     c->resp_decoded = 0;
     c->got = 0;
     c->body = c->frame->buf + GK_HDR_SIZE;
 }
 
-/* Encodes the frame and starts sending it. */
+static int take_request_answer(struct client_conn *c);
+
+/* Chooses the frame's exchange, encodes its request and starts sending it. */
 static void begin_frame(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     struct client_frame *f = c->frame;
 
-    c->x = choose_exchange(c);
-    start_send(c, c->x->request_op ? c->x->request_op : b->opcode, c->next_req_id++);
-    encode_request(b, f, c->wire_op, c->req_id);
+    c->ex = choose_exchange(c);
+    uint8_t op = c->ex->request ? c->ex->request : b->opcode;
+    expect_answer(c, op, c->next_req_id++, take_request_answer);
+    encode_request(b, f, op, c->req_id);
+    c->phase = CLIENT_CONN_SEND;
     c->why = NULL;
-    /* GPU segments: PUT values gathered into staging, tcp GET values
+    /* GPU segments: PUT values gathered into staging, socket GET values
      * received into it (the iov below reads b->seg_ptrs, now redirected). */
-    c->gpu_err = b->gpu && !c->x->nic_moves_bytes ? gpu_conn_start(&c->gpu, b, f, !c->pool) : 0;
+    c->gpu_err = b->gpu && c->ex->staged ? gpu_conn_start(&c->gpu, b, f, 1) : 0;
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
-                    c->wire_op == GK_OP_PUT ? f->count : 0, b->sizes);
+                    op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
 
-/* Sends the exchange's follow-up (RELEASE, COMMIT): req holds room for its
- * header and count flag bytes, the flags already in place. */
-static void send_followup(struct client_conn *c, uint8_t *req, uint32_t count)
+/* Sends the exchange's follow-up (RELEASE, COMMIT) from buf: its header,
+ * encoded here, and body_len bytes already in place after it. */
+static void send_followup(struct client_conn *c, uint8_t *buf, uint32_t count,
+                          uint32_t body_len)
 {
-    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = c->x->followup_op,
-                       .count = count, .body_len = count};
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = c->ex->followup,
+                       .count = count, .body_len = body_len, .req_id = c->next_req_id++};
 
-    start_send(c, h.opcode, c->next_req_id++);
-    h.req_id = c->req_id;
-    gk_hdr_encode(&h, req);
-    client_iov_init(&c->io, req, GK_HDR_SIZE + (size_t)count, c->batch, 0, 0, NULL);
+    expect_answer(c, h.opcode, h.req_id, c->ex->followup_answer);
+    gk_hdr_encode(&h, buf);
+    c->phase = CLIENT_CONN_SEND;
+    client_iov_init(&c->io, buf, GK_HDR_SIZE + (size_t)body_len, c->batch, 0, 0, NULL);
 }
 
-/* Whether the frame goes by RDMA is only known once RDMA_HELLO (sent at
- * open, request 1) is answered: until then the frame waits, and its
- * connection reads that answer like any other (take_rdma_hello). */
+static int take_hello(struct client_conn *c);
+
+/* Whether the frame goes by RDMA is only known once RDMA_HELLO (request
+ * 1, sent at open) is answered: its answer is read first, then the frame
+ * begins. */
 void client_conn_start(struct client_conn *c, struct client_batch *b, struct client_frame *f)
 {
     c->batch = b;
@@ -238,7 +265,7 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
         begin_frame(c);
         return;
     }
-    start_send(c, GK_OP_RDMA_HELLO, 1);
+    expect_answer(c, GK_OP_RDMA_HELLO, 1, take_hello);
     c->phase = CLIENT_CONN_RECV_HEAD;
     c->why = NULL;
 }
@@ -308,6 +335,8 @@ static int send_request(struct client_conn *c)
 
 /* ------------------------------------------------------------ receiving */
 
+/* Results a success answer carries: none for RELEASE and RDMA_HELLO, else
+ * those of the frame's op. */
 static uint32_t expected_count(const struct client_conn *c)
 {
     if (c->wire_op == GK_OP_RELEASE || c->wire_op == GK_OP_RDMA_HELLO)
@@ -320,13 +349,13 @@ static uint32_t expected_count(const struct client_conn *c)
 static int take_header(struct client_conn *c)
 {
     struct gk_hdr *h = &c->resp;
-    uint8_t op = c->batch->opcode;
+    uint8_t op = c->wire_op;
 
     gk_hdr_decode(c->frame->buf, h);
     c->resp_decoded = 1;
     if (h->magic != GK_MAGIC || h->version != GK_VERSION)
         return broken(c, "not a gdrkv response");
-    if (h->opcode != (c->wire_op | GK_OP_RESPONSE) || h->req_id != c->req_id)
+    if (h->opcode != (op | GK_OP_RESPONSE) || h->req_id != c->req_id)
         return broken(c, "answer to another request");
     if (h->body_len > GK_MAX_BODY || c->got > GK_HDR_SIZE + (size_t)h->body_len)
         return broken(c, "body length out of bounds");
@@ -338,18 +367,17 @@ static int take_header(struct client_conn *c)
         uint32_t count = expected_count(c);
         if (h->count != count)
             return broken(c, "result count differs from the key count");
-        /* A LEASE's or RESERVE's chunk lists follow its results. */
-        int lists = c->wire_op == GK_OP_LEASE || c->wire_op == GK_OP_RESERVE;
-        /* STATS text and the RDMA_HELLO endpoint are bodies of their own. */
-        int own_body = op == GK_OP_STATS || c->wire_op == GK_OP_RDMA_HELLO;
-        if (lists ? h->body_len < count * GK_RESULT_SIZE
-            : !own_body && h->body_len != count * GK_RESULT_SIZE)
+        /* Bodies that go on past the results: LEASE's and RESERVE's chunk
+         * lists, RDMA_HELLO's endpoint, STATS text. */
+        int more = op == GK_OP_LEASE || op == GK_OP_RESERVE || op == GK_OP_RDMA_HELLO ||
+                   op == GK_OP_STATS;
+        if (more ? h->body_len < count * GK_RESULT_SIZE : h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
-        if (c->wire_op != GK_OP_GET && h->payload_len != 0)
+        if (op != GK_OP_GET && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
     }
-    /* STATS text and error messages may outgrow the frame buffer; the
-     * GK_MAX_BODY check above bounds this allocation. */
+    /* STATS text, error messages and RDMA_HELLO's answer may outgrow the
+     * frame buffer; the GK_MAX_BODY check above bounds this allocation. */
     if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
         c->body_heap = malloc(h->body_len);
         if (!c->body_heap) {
@@ -362,18 +390,25 @@ static int take_header(struct client_conn *c)
     return 0;
 }
 
-/* Queues the RELEASE that ends the lease; its answer ends the frame. */
-static void start_release(struct client_conn *c)
+/* A LEASE's or RESERVE's chunk lists: the body after the results. */
+static const uint8_t *chunk_lists(const struct client_conn *c, size_t *len)
 {
-    send_followup(c, c->release, 0);
+    size_t results_len = (size_t)c->frame->count * GK_RESULT_SIZE;
+    *len = c->resp.body_len - results_len;
+    return c->body + results_len;
 }
 
-/* ------------------------------------------------------------ answers */
+/* The result of the frame's k-th key, from a success answer's body. */
+static struct gk_result key_result(const struct client_conn *c, uint32_t k)
+{
+    struct gk_result r;
+    gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+    return r;
+}
 
-/* Decodes a keyed answer's results into the batch, each checked; a GET's
- * announced sizes are checked against its destinations before any value
- * is read. *payload: the bytes the GET's values carry. */
-static int read_results(struct client_conn *c, uint64_t *payload)
+/* Writes the keys' results and gives *payload the GET bytes they announce,
+ * each checked against its destination before any value is read. */
+static int take_results(struct client_conn *c, uint64_t *payload)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
@@ -382,8 +417,7 @@ static int read_results(struct client_conn *c, uint64_t *payload)
     *payload = 0;
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > 0)
             return broken(c, "positive key status");
         int64_t result = r.status;
@@ -405,7 +439,8 @@ static int read_results(struct client_conn *c, uint64_t *payload)
     return 0;
 }
 
-/* The answer of a frame whose values (if any) travel on the socket. */
+/* A plain frame answered: the keys' results (a GET's values follow in the
+ * payload), CLEAR's count, STATS' text, or PING's nothing. */
 static int take_plain(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
@@ -414,81 +449,62 @@ static int take_plain(struct client_conn *c)
 
     if (client_op_has_keys(b->opcode)) {
         uint64_t payload;
-        int rc = read_results(c, &payload);
+        int rc = take_results(c, &payload);
         if (rc)
             return rc;
         if (payload != h->payload_len)
             return broken(c, "payload length differs from the object sizes");
         if (payload)
             client_iov_init(&c->io, NULL, 0, b, f->first, f->count, b->got);
-    } else if (b->opcode == GK_OP_CLEAR) {
-        struct gk_result r;
-        gk_result_decode(c->body, &r);
+        return 0;
+    }
+    if (b->opcode == GK_OP_CLEAR) {
+        struct gk_result r = key_result(c, 0);
+        int rc = 0;
         if (r.status > 0 || r.size > INT64_MAX)
-            return broken(c, "bad clear result");
+            rc = broken(c, "bad clear result");
         f->result = r.status < 0 ? r.status : (int64_t)r.size;
-    } else if (b->opcode == GK_OP_STATS) {
+        return rc;
+    }
+    if (b->opcode == GK_OP_STATS) {
         size_t len = GK_MIN((size_t)h->body_len, b->text_cap - 1);
         memcpy(b->text, c->body, len);
         b->text[len] = '\0';
         f->result = (int64_t)len;
-    } else {
-        f->result = 0;
+        return 0;
     }
+    f->result = 0;
     return 0;
 }
 
-/* What an rdma run's outcome means for the frame: a broken QP has failed
- * its own keys and the others are good, so the frame goes on and the
- * connection closes after it; a timeout or bad lists end it now. */
-static int rdma_outcome(struct client_conn *c, int rc)
+/* The frame's request answered: a refusal fails its keys; a success goes
+ * to the exchange's handler. */
+static int take_request_answer(struct client_conn *c)
 {
-    if (rc == GDRKV_E_UNAVAILABLE) {
-        c->rdma_broken = 1;
-        return 0;
-    }
-    if (rc == GDRKV_E_PROTOCOL)
-        return broken(c, "bad chunk lists");
-    if (rc)
-        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
-    return rc;
+    const struct gk_hdr *h = &c->resp;
+
+    if (h->status == 0)
+        return c->ex->answer(c);
+    GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(c->batch->opcode),
+             gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
+             (const char *)c->body);
+    client_frame_fail(c->batch, c->frame, h->status);
+    return 0;
 }
 
-/* The chunk lists that follow a LEASE's or RESERVE's results. */
-static const uint8_t *chunk_lists(const struct client_conn *c, size_t *len)
-{
-    size_t results_len = (size_t)c->frame->count * GK_RESULT_SIZE;
-    *len = c->resp.body_len - results_len;
-    return c->body + results_len;
-}
+/* ------------------------------------------------------------ shm */
 
-/* The LEASE answered over rdma: READs the objects out of the pool, then
- * releases. A lease with nothing to read needs no confirmation; the
+/* The LEASE answered over shm: copies the objects out of the pool, then
+ * releases. A lease with nothing to copy needs no confirmation; the
  * server drops it when the next frame comes. */
-static int take_lease_rdma(struct client_conn *c)
-{
-    uint64_t bytes;
-    size_t len;
-    int rc = read_results(c, &bytes);
-    if (rc || bytes == 0)
-        return rc;
-    const uint8_t *lists = chunk_lists(c, &len);
-    rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
-    if (rc == 0)
-        start_release(c);
-    return rc;
-}
-
-/* The LEASE answered over shm: copies the objects out of the mapped pool
- * (GPU pieces by one kernel launch), then releases. */
-static int take_lease_shm(struct client_conn *c)
+static int copy_leased(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
     uint64_t bytes;
     size_t len;
 
-    int rc = read_results(c, &bytes);
+    int rc = take_results(c, &bytes);
     if (rc)
         return rc;
     const uint8_t *lists = chunk_lists(c, &len);
@@ -522,28 +538,99 @@ static int take_lease_shm(struct client_conn *c)
     }
     if (bytes > 0) {
         b->shm_bytes_copied += bytes;
-        start_release(c);
+        send_followup(c, c->release, 0, 0);
     }
     return 0;
 }
 
+/* The LEASE's kernel: when it is done the bytes are the caller's, and the
+ * lease can end. */
+static int wait_gpu(struct client_conn *c)
+{
+    int rc = gpu_conn_leased_done(c->gpu);
+    if (rc < 0) {
+        c->why = "GPU copy failed";
+        return rc;
+    }
+    if (rc == 1) {
+        c->batch->shm_bytes_copied += c->leased_bytes;
+        send_followup(c, c->release, 0, 0);
+    }
+    return 0;
+}
+
+/* RELEASE answered: status 0 vouches for the bytes copied (or READ) under
+ * the lease; otherwise the lease was lost (the timeout dropped it) and the
+ * bytes may be another object's, so every key of the frame fails. */
+static int end_lease(struct client_conn *c)
+{
+    int32_t status = c->resp.status;
+    if (status) {
+        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
+                 c->frame->count);
+        client_frame_fail(c->batch, c->frame, status);
+        c->batch->shm_leases_expired++;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ rdma */
+
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered over rdma: READs the objects into the caller's
+ * segments, then releases (nothing to READ, nothing to confirm). */
+static int read_leased(struct client_conn *c)
+{
+    uint64_t bytes;
+    size_t len;
+
+    int rc = take_results(c, &bytes);
+    if (rc || bytes == 0)
+        return rc;
+    const uint8_t *lists = chunk_lists(c, &len);
+    rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
+    if (rc == 0)
+        send_followup(c, c->release, 0, 0);
+    return rc;
+}
+
 /* The RESERVE answered: WRITEs the values of the reserved keys, then
  * COMMITs those whose bytes all arrived (flags, one per key of the frame). */
-static int take_reserve(struct client_conn *c)
+static int write_reserved(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
+    size_t need = GK_HDR_SIZE + (size_t)f->count;
     size_t len;
 
-    if (gk_buf_reserve(&c->commit, &c->commit_cap, GK_HDR_SIZE + (size_t)f->count) < 0) {
-        c->why = "out of memory";
-        return GDRKV_E_INTERNAL;
+    if (need > c->commit_cap) {
+        uint8_t *p = realloc(c->commit, need);
+        if (!p) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        c->commit = p;
+        c->commit_cap = need;
     }
     uint8_t *flags = c->commit + GK_HDR_SIZE;
     for (uint32_t k = 0; k < f->count; k++) {
         uint32_t p = f->first + k;
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > GK_RESERVE_PRESENT)
             return broken(c, "positive key status");
         if (r.status == 0 && r.size != b->sizes[p])
@@ -558,19 +645,16 @@ static int take_reserve(struct client_conn *c)
     /* Reserved keys COMMIT drops make the server stop this connection's
      * QPs (it can't know no WRITE is still coming): don't reuse it. */
     for (uint32_t k = 0; k < f->count; k++) {
-        struct gk_result r;
-        gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status == 0 && !flags[k])
             c->rdma_broken = 1;
     }
-    send_followup(c, c->commit, f->count);
+    send_followup(c, c->commit, f->count, f->count);
     return 0;
 }
 
 /* COMMIT answered: the server's word on the keys committed; the others
- * keep what RESERVE or the WRITEs gave them. A refused COMMIT means the
- * reservations expired (or the server lost them): what was to be
- * committed is not stored, and the QPs are gone with them. */
+ * keep what RESERVE or the WRITEs gave them. */
 static int take_commit(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
@@ -578,14 +662,19 @@ static int take_commit(struct client_conn *c)
     const uint8_t *flags = c->commit + GK_HDR_SIZE;
     int32_t status = c->resp.status;
 
-    if (status)
+    if (status) {
+        /* The reservations expired (or the server lost them): what was to
+         * be committed is not stored, and the QPs are gone with them. */
+        for (uint32_t k = 0; k < f->count; k++)
+            if (flags[k])
+                b->results[b->index[f->first + k]] = status;
         c->rdma_broken = 1;
+        return 1;
+    }
     for (uint32_t k = 0; k < f->count; k++) {
-        struct gk_result r = {.status = status};
         if (!flags[k])
             continue;
-        if (!status)
-            gk_result_decode(c->body + (size_t)k * GK_RESULT_SIZE, &r);
+        struct gk_result r = key_result(c, k);
         if (r.status > 0)
             return broken(c, "positive key status");
         b->results[b->index[f->first + k]] = r.status;
@@ -593,25 +682,10 @@ static int take_commit(struct client_conn *c)
     return 1;
 }
 
-/* RELEASE answered: status 0 vouches for the bytes copied under the lease;
- * otherwise the lease was lost (the timeout dropped it) and the bytes may
- * be another object's, so every key of the frame fails. */
-static int take_release(struct client_conn *c)
-{
-    int32_t status = c->resp.status;
-    if (status) {
-        GK_DEBUG("fd %d: lease lost (%s): failing %u keys", c->fd, gdrkv_strerror(status),
-                 c->frame->count);
-        client_frame_fail(c->batch, c->frame, status);
-        c->batch->shm_leases_expired++;
-    }
-    return 1;
-}
-
-/* The RDMA_HELLO answer. When the server has no rdma (or can't set it up)
- * under transport auto, the connection goes on as a plain tcp one; under
- * transport rdma it fails. Then the frame begins. */
-static int take_rdma_hello(struct client_conn *c)
+/* The RDMA_HELLO answer connects the QPs. When the server has no rdma (or
+ * can't set it up) under transport auto, the connection goes on as a
+ * plain tcp one; under transport rdma it fails. Then the frame begins. */
+static int take_hello(struct client_conn *c)
 {
     int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body, c->resp.body_len);
     c->hello_pending = 0;
@@ -628,40 +702,28 @@ static int take_rdma_hello(struct client_conn *c)
     return 0;
 }
 
-/* The answer's body is in: the exchange's handler takes it. */
+/* ------------------------------------------------------------ the reader */
+
+/* The answer's header and body, then its handler. */
 static int take_body(struct client_conn *c)
 {
-    struct client_batch *b = c->batch;
-    const struct gk_hdr *h = &c->resp;
-    int rc = 0;
-
-    if (c->wire_op == GK_OP_RDMA_HELLO) {
-        rc = take_rdma_hello(c);
-    } else if (c->wire_op == c->x->followup_op) {
-        rc = c->x->take_followup(c);
-    } else if (h->status) {
-        GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(b->opcode),
-                 gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
-                 (const char *)c->body);
-        client_frame_fail(b, c->frame, h->status);
-    } else {
-        rc = c->x->take_answer(c);
-    }
+    int rc = c->answer(c);
     free(c->body_heap);
     c->body_heap = NULL;
     if (rc)
         return rc;
     if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
-        return 0;       /* a lease or a reservation: RELEASE or COMMIT goes next */
+        return 0;       /* a follow-up goes next (after RDMA_HELLO: the frame) */
     /* Only a GET has a payload, and take_plain has set up its stream. */
-    if (h->status || h->payload_len == 0)
+    if (c->resp.status || c->resp.payload_len == 0)
         return 1;
     c->phase = CLIENT_CONN_RECV_PAYLOAD;
     return 0;
 }
 
 /* Header and body; the first recv asks for exactly the body a success
- * would have, a longer one (STATS, error text) is read once known. */
+ * would have, a longer one (STATS, chunk lists, error text, RDMA_HELLO's
+ * endpoint) is read once known. */
 static int recv_head(struct client_conn *c)
 {
     for (;;) {
@@ -673,7 +735,10 @@ static int recv_head(struct client_conn *c)
         ssize_t n = recv(c->fd, dst, want, 0);
         if (n <= 0)
             return stalled_or_lost(c, n);
-        c->batch->bytes_received += (uint64_t)n;
+        /* RDMA_HELLO is the connection's set-up, not the call's traffic
+         * (its request went out at open, uncounted too). */
+        if (c->wire_op != GK_OP_RDMA_HELLO)
+            c->batch->bytes_received += (uint64_t)n;
         c->got += (size_t)n;
         if (!c->resp_decoded && c->got >= GK_HDR_SIZE) {
             int rc = take_header(c);
@@ -711,22 +776,6 @@ static int recv_payload(struct client_conn *c)
         }
     }
     return 1;
-}
-
-/* The LEASE's kernel: when it is done the bytes are the caller's, and the
- * lease can end. */
-static int wait_gpu(struct client_conn *c)
-{
-    int rc = gpu_conn_leased_done(c->gpu);
-    if (rc < 0) {
-        c->why = "GPU copy failed";
-        return rc;
-    }
-    if (rc == 1) {
-        c->batch->shm_bytes_copied += c->leased_bytes;
-        start_release(c);
-    }
-    return 0;
 }
 
 static int run_phase(struct client_conn *c)

@@ -18,6 +18,11 @@
  * segments are all registered goes out as a LEASE too, its objects READ
  * by the NIC; such a PUT goes out as RESERVE, its values WRITTEN into the
  * reserved chunks, then COMMIT. Other frames travel on the socket.
+ *
+ * Which of these exchanges a frame is (plain, shm lease, rdma lease, rdma
+ * reserve/commit) is chosen once when it begins, from a table in
+ * client_conn.c: the request's op, its answer's handler, and the
+ * follow-up request (RELEASE, COMMIT) that handler sends.
  */
 #ifndef GDRKV_CLIENT_CONN_H
 #define GDRKV_CLIENT_CONN_H
@@ -33,13 +38,12 @@
 
 enum client_conn_phase {
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
-    CLIENT_CONN_RECV_HEAD,      /* response header and body */
+    CLIENT_CONN_RECV_HEAD,      /* response header and body (rdma: first RDMA_HELLO's) */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
     CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
 };
 
 struct client_exchange;
-struct client_server;
 struct client_pool;
 struct gpu_conn;
 
@@ -54,17 +58,18 @@ struct client_conn {
     int hello_pending;          /* RDMA_HELLO sent, its answer not read yet */
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
-    struct gpu_conn *gpu;       /* GPU staging and copies (gpu_client.h), on first use */
+    struct gpu_conn *gpu;       /* GPU staging and copies (client_gpu.h), on first use */
     int gpu_err;                /* the frame's GPU staging failed: fail it */
 
     /* The frame in flight. */
-    const struct client_exchange *x;    /* what it is on the wire (client_conn.c) */
     enum client_conn_phase phase;
     struct client_batch *batch;
     struct client_frame *frame;
-    uint64_t req_id;
-    uint8_t wire_op;            /* what is on the wire: the batch's op, or LEASE, RELEASE,
-                                   RESERVE, COMMIT */
+    const struct client_exchange *ex;   /* how it travels, chosen when it begins */
+    uint64_t req_id;            /* the request whose answer is awaited */
+    uint8_t wire_op;            /* its op: the batch's, or LEASE, RELEASE, RESERVE,
+                                   COMMIT, RDMA_HELLO */
+    int (*answer)(struct client_conn *c);   /* takes that answer once it is in */
     uint8_t release[GK_HDR_SIZE];   /* the RELEASE request */
     struct gk_hdr resp;
     int resp_decoded;
@@ -76,10 +81,12 @@ struct client_conn {
     struct client_iov io;
 };
 
-/* Connects to s within deadline_ns, over shm where s has a unix socket
- * that answers (else tcp, unless s is shm only); NULL with *err =
- * GDRKV_E_TIMEOUT, GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
-struct client_conn *client_conn_open(struct client_server *s, uint64_t deadline_ns, int *err);
+/* Connects to the endpoint within deadline_ns, over shm where it has a
+ * unix socket that answers (else tcp, unless it is shm only), with QPs
+ * where it uses rdma; NULL with *err = GDRKV_E_TIMEOUT,
+ * GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns,
+                                     int *err);
 void client_conn_close(struct client_conn *c);
 int client_conn_is_shm(const struct client_conn *c);
 

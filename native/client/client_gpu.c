@@ -1,5 +1,5 @@
 /*
- * gpu_client.c - see gpu_client.h.
+ * client_gpu.c - see client_gpu.h.
  *
  * Segment classes are decided once per call, from a snapshot of the
  * registered ranges: a GPU range is checked to still be the allocation it
@@ -15,10 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "client_state.h"
 #include "client_copy.h"
-#include "client_shm.h"
+#include "client_state.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "common/log.h"
@@ -184,7 +182,7 @@ static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs)
     return g;
 }
 
-struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
+struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
                                   const struct client_keys *k, int *rc)
 {
     struct classifier cl = {.cu = gk_cuda_if_loaded()};
@@ -196,7 +194,7 @@ struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
         return NULL;
     for (uint32_t i = 0; i < k->n; i++)
         nsegs += k->seg_counts[i];
-    if (client_regions_snapshot(&c->regions, &cl.regions, &cl.nregions)) {
+    if (client_regions_snapshot(regions, &cl.regions, &cl.nregions)) {
         *rc = GDRKV_E_INTERNAL;
         return NULL;
     }
@@ -235,7 +233,7 @@ struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
     }
     if (g) {
         memcpy(g->seg_dev, dev, nsegs);
-        g->mode = c->opts.gpu_copy;
+        g->mode = mode;
         refuse_multi_gpu_stream(g, k);
     }
 out:

@@ -1,5 +1,5 @@
 /*
- * gpu_client.h - GPU memory in the client's batch calls, on the tcp and
+ * client_gpu.h - GPU memory in the client's batch calls, on the tcp and
  * shm transports: which segments of a call are GPU memory, and the hooks
  * the transports call so those segments move through the GPU copy paths
  * (gpu.h) instead of memcpy/readv/sendmsg:
@@ -18,14 +18,14 @@
  *
  * A call with no GPU segment never gets here: its batch has gpu == NULL.
  */
-#ifndef GDRKV_GPU_CLIENT_H
-#define GDRKV_GPU_CLIENT_H
+#ifndef GDRKV_CLIENT_GPU_H
+#define GDRKV_CLIENT_GPU_H
 
 #include <stdint.h>
 
 #include "gpu/gpu.h"
 
-struct gdrkv_client;
+struct client_regions;
 struct client_keys;
 struct client_batch;
 struct client_frame;
@@ -51,12 +51,13 @@ struct gpu_call {
     int error;              /* a GPU copy failed after its frame was answered */
 };
 
-/* For a GET or PUT call: classifies every segment, and returns NULL when
- * none is GPU memory (nor bad). Keys with a segment in GPU memory that is
+/* For a GET or PUT call: classifies every segment against the client's
+ * registered ranges, and returns NULL when none is GPU memory (nor bad);
+ * mode is the client's enum gpu_mode. Keys with a segment in GPU memory that is
  * unregistered, freed since it was registered, or only partly inside a
  * registered range get GDRKV_E_INVALID in results and bad[i] = 1. *rc is
  * 0, or GDRKV_E_INTERNAL when out of memory (the call can't run). */
-struct gpu_call *gpu_call_prepare(struct gdrkv_client *c, uint8_t op,
+struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
                                   const struct client_keys *k, int *rc);
 void gpu_call_free(struct gpu_call *g);
 /* For the NIC moving GPU memory itself (rdma): waits for the work queued

@@ -1,9 +1,9 @@
 /*
  * client_regions.h - the memory ranges registered with a client, host or
- * GPU: a call looks its segments up here to know which are GPU memory
- * (client_gpu.h); rdma registers each range as an MR once, at
- * registration. Ranges never overlap, and each is known by its start
- * address.
+ * GPU memory: ranges never overlap, and each is known by its start
+ * address. A call looks its segments up here to tell GPU memory from host
+ * memory (client_gpu.c); the rdma transport registers each range with the
+ * NIC as well.
  */
 #ifndef GDRKV_CLIENT_REGIONS_H
 #define GDRKV_CLIENT_REGIONS_H
@@ -26,9 +26,9 @@ struct client_regions {
 
 int client_regions_init(struct client_regions *r);
 void client_regions_destroy(struct client_regions *r);
-/* Adds a range of host memory (device -1) or of GPU device's memory (CUDA's
- * buffer_id of its allocation). 0, or GDRKV_E_INVALID (empty, wrapping, or
- * overlapping a registered range). */
+/* Adds [ptr, ptr + len) of GPU device's memory (device -1: host memory;
+ * buffer_id: CUDA's id of the GPU allocation). 0, or GDRKV_E_INVALID
+ * (empty, wrapping, or overlapping a registered range). */
 int client_regions_add(struct client_regions *r, uint64_t ptr, uint64_t len, int device,
                        uint64_t buffer_id);
 /* A copy of the ranges (*out to free()), for a call to look segments up

@@ -6,16 +6,16 @@
  * frames are answered or the deadline passes, clean connections go back to
  * their pools, the rest are closed, and each server hears how it went.
  */
-#include <errno.h>
-#include <sched.h>
-#include <poll.h>
+#include "client_run.h"
 
-#include "client.h"
-#include "client_batch.h"
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+
 #include "client_conn.h"
+#include "client_gpu.h"
 #include "client_server.h"
 #include "common/common.h"
-#include "client_gpu.h"
 
 static void count_failure(struct gdrkv_client *c, int err, uint64_t n)
 {
@@ -71,7 +71,7 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
             client_conn_close(conn);
         if (!conn) {
             int err;
-            conn = client_conn_open(s, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
+            conn = client_conn_open(&s->ep, GK_MIN(call->deadline_ns, gk_now_ns() + connect_ns), &err);
             if (!conn) {
                 gk_counter_add(&c->counters.connect_failures, 1);
                 /* Past connect_timeout_ms but within the call's deadline

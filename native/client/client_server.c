@@ -38,51 +38,71 @@ static int is_this_host(const char *host)
     return local;
 }
 
-/* Where shm is tried for s, by the transport asked for. */
-static int choose_transport(struct client_server *s, const char *unix_path, int transport)
+/* Which transports reach the endpoint, by the one asked for. A server on
+ * this host is reached over shm (or tcp) under auto: rdma through the NIC
+ * and back would only cost more. */
+static int choose_transports(struct client_endpoint *ep, const char *unix_path, int transport,
+                             struct client_rdma *rdma)
 {
     if (unix_path) {
         if (transport == GDRKV_TRANSPORT_TCP || transport == GDRKV_TRANSPORT_RDMA)
             return GDRKV_E_INVALID;
-        snprintf(s->unix_path, sizeof s->unix_path, "%s", unix_path);
-        s->shm_only = 1;
+        snprintf(ep->unix_path, sizeof ep->unix_path, "%s", unix_path);
+        ep->shm_only = 1;
         return 0;
     }
     /* rdma: QPs over a tcp control connection, even to this host. */
-    s->rdma_only = transport == GDRKV_TRANSPORT_RDMA;
+    if (transport == GDRKV_TRANSPORT_RDMA) {
+        ep->rdma = rdma;
+        ep->rdma_only = 1;
+    }
     if (transport == GDRKV_TRANSPORT_TCP || transport == GDRKV_TRANSPORT_RDMA)
         return 0;
-    int local = is_this_host(s->addr.host) &&
-                gk_unix_default_path(s->addr.port, s->unix_path, sizeof s->unix_path) == 0;
-    s->local = local;
-    s->shm_only = transport == GDRKV_TRANSPORT_SHM;
-    return local || !s->shm_only ? 0 : GDRKV_E_INVALID;
+    int local = is_this_host(ep->addr.host) &&
+                gk_unix_default_path(ep->addr.port, ep->unix_path, sizeof ep->unix_path) == 0;
+    if (!local)
+        ep->rdma = rdma;
+    ep->shm_only = transport == GDRKV_TRANSPORT_SHM;
+    return local || !ep->shm_only ? 0 : GDRKV_E_INVALID;
 }
 
-int client_server_init(struct client_server *s, const struct gk_addr *addr,
-                       const char *unix_path, const gdrkv_client_opts *opts)
+static int endpoint_init(struct client_endpoint *ep, const struct gk_addr *addr,
+                         const char *unix_path, int transport, struct client_rdma *rdma)
 {
-    memset(s, 0, sizeof *s);
     if (addr)
-        s->addr = *addr;
+        ep->addr = *addr;
     /* One spelling per address, so the seed (and hence routing) and the
      * duplicate check don't depend on how the user wrote it. */
     if (unix_path)
-        snprintf(s->name, sizeof s->name, "unix:%s", unix_path);
+        snprintf(ep->name, sizeof ep->name, "unix:%s", unix_path);
     else
-        snprintf(s->name, sizeof s->name, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u",
+        snprintf(ep->name, sizeof ep->name, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u",
                  addr->host, addr->port);
-    s->seed = route_server_seed(s->name);
-    int rc = choose_transport(s, unix_path, opts->transport);
+    int rc = choose_transports(ep, unix_path, transport, rdma);
     if (rc)
         return rc;
+    return pthread_mutex_init(&ep->pool_lock, NULL) ? GDRKV_E_INTERNAL : 0;
+}
+
+int client_server_init(struct client_server *s, const struct gk_addr *addr,
+                       const char *unix_path, const gdrkv_client_opts *opts,
+                       struct client_rdma *rdma)
+{
+    memset(s, 0, sizeof *s);
+    int rc = endpoint_init(&s->ep, addr, unix_path, opts->transport, rdma);
+    if (rc)
+        return rc;
+    s->seed = route_server_seed(s->ep.name);
     /* Room for the connections of a couple of concurrent striped calls, so
      * threads sharing a client don't reconnect on every call. */
     s->idle_cap = 2 * opts->conns;
     s->idle = calloc(s->idle_cap, sizeof *s->idle);
-    if (!s->idle)
+    if (!s->idle) {
+        pthread_mutex_destroy(&s->ep.pool_lock);
         return GDRKV_E_INTERNAL;
+    }
     if (pthread_mutex_init(&s->lock, NULL)) {
+        pthread_mutex_destroy(&s->ep.pool_lock);
         free(s->idle);
         return GDRKV_E_INTERNAL;
     }
@@ -105,7 +125,8 @@ static void close_idle(struct client_server *s)
 void client_server_destroy(struct client_server *s)
 {
     close_idle(s);
-    client_pool_put(s->pool);
+    client_pool_put(s->ep.pool);
+    pthread_mutex_destroy(&s->ep.pool_lock);
     free(s->idle);
     pthread_mutex_destroy(&s->lock);
 }
@@ -164,17 +185,17 @@ void client_server_report(struct client_server *s, int err, const char *why)
         /* A call admitted before someone else's failure can't bring a DOWN
          * server back: only the probe can. */
         if (s->health == CLIENT_SERVER_PROBE) {
-            GK_INFO("server %s is back", s->name);
+            GK_INFO("server %s is back", s->ep.name);
             s->health = CLIENT_SERVER_UP;
             s->backoff_ms = s->backoff_min_ms;
         }
     } else {
         if (s->health == CLIENT_SERVER_UP) {
             GK_WARN("server %s is down (%s): its keys fail for %llu ms, then it is retried",
-                    s->name, why, (unsigned long long)s->backoff_ms);
+                    s->ep.name, why, (unsigned long long)s->backoff_ms);
         } else if (s->health == CLIENT_SERVER_PROBE) {
             s->backoff_ms = GK_MIN(2 * s->backoff_ms, s->backoff_max_ms);
-            GK_DEBUG("server %s still down (%s): next retry in %llu ms", s->name, why,
+            GK_DEBUG("server %s still down (%s): next retry in %llu ms", s->ep.name, why,
                      (unsigned long long)s->backoff_ms);
         }
         if (s->health != CLIENT_SERVER_DOWN) {

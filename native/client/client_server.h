@@ -1,6 +1,7 @@
 /*
- * client_server.h - one store server as the client sees it: its address,
- * its rendezvous seed, a stack of idle connections, and its health.
+ * client_server.h - one store server as the client sees it: its endpoint
+ * (how to reach it), its rendezvous seed, a stack of idle connections, and
+ * its health.
  *
  * Health is a small state machine. UP: calls go through. DOWN: calls fail
  * its keys at once (GDRKV_E_UNAVAILABLE, no syscall) until retry_at; the
@@ -14,25 +15,17 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "client_state.h"
 #include "gdrkv.h"
-#include "common/net.h"
 
 struct client_conn;
-struct client_pool;
 struct client_rdma;
-
-/* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
- * "unix:" and a socket path. */
-#define CLIENT_SERVER_NAME_MAX (sizeof(((struct gk_addr *)0)->host) + 9)
 
 enum client_server_health { CLIENT_SERVER_UP, CLIENT_SERVER_DOWN, CLIENT_SERVER_PROBE };
 
 struct client_server {
-    struct gk_addr addr;            /* unused for a unix: server */
-    char name[CLIENT_SERVER_NAME_MAX];  /* canonical "host:port", "[v6]:port" or "unix:PATH" */
-    uint64_t seed;
-    char unix_path[GK_UNIX_PATH_MAX];   /* where to try shm first; "" = tcp only */
-    int shm_only;                   /* no tcp fallback: a unix: server, or transport shm */
+    struct client_endpoint ep;      /* its address, name and transports */
+    uint64_t seed;                  /* rendezvous seed, from ep.name */
 
     pthread_mutex_t lock;           /* guards everything below */
     struct client_conn **idle;
@@ -42,18 +35,16 @@ struct client_server {
     uint64_t backoff_ms;            /* length of the current or last DOWN period */
     uint64_t backoff_min_ms, backoff_max_ms;
     uint64_t probe_ns;
-    struct client_pool *pool;       /* the mapping new connections share, or NULL */
-    struct client_rdma *rdma;       /* the client's, when transport auto or rdma */
-    int rdma_only;                  /* transport rdma: no plain tcp fallback */
-    int local;                      /* on this host (auto: shm, never rdma) */
 };
 
-/* Sets up server s for the address (name gets its canonical text), or
- * for the unix socket at unix_path when that is not NULL. Returns 0,
- * GDRKV_E_INVALID (transport shm to a server that is not local) or
- * GDRKV_E_INTERNAL. */
+/* Sets up server s for the address (ep.name gets its canonical text), or
+ * for the unix socket at unix_path when that is not NULL; rdma is the
+ * client's, used where the transport asks for it. Returns 0,
+ * GDRKV_E_INVALID (a transport that can't reach the server: shm to one
+ * that is not local, tcp or rdma to a unix socket) or GDRKV_E_INTERNAL. */
 int client_server_init(struct client_server *s, const struct gk_addr *addr,
-                       const char *unix_path, const gdrkv_client_opts *opts);
+                       const char *unix_path, const gdrkv_client_opts *opts,
+                       struct client_rdma *rdma);
 void client_server_destroy(struct client_server *s);
 
 /* Whether a call may send to s now (see the state machine above). */

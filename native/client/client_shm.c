@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "client_chunks.h"
-#include "client_server.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "client_gpu.h"
@@ -135,9 +134,10 @@ static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size
     return p;
 }
 
-/* The mapping of the pool behind pool_fd, shared with s's other
- * connections when they map the same memfd; referenced for the caller. */
-static struct client_pool *pool_of(struct client_server *s, int pool_fd, uint64_t size)
+/* The mapping of the pool behind pool_fd, shared with the endpoint's
+ * other connections when they map the same memfd; referenced for the
+ * caller. */
+static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint64_t size)
 {
     struct stat st;
     struct client_pool *p = NULL, *old = NULL;
@@ -145,25 +145,26 @@ static struct client_pool *pool_of(struct client_server *s, int pool_fd, uint64_
     /* The server may announce less than the file (hugepage rounding), never more. */
     if (fstat(pool_fd, &st) != 0 || (uint64_t)st.st_size < size)
         return NULL;
-    pthread_mutex_lock(&s->lock);
-    if (s->pool && s->pool->dev == st.st_dev && s->pool->ino == st.st_ino &&
-        s->pool->size == size) {
-        p = s->pool;
+    pthread_mutex_lock(&ep->pool_lock);
+    if (ep->pool && ep->pool->dev == st.st_dev && ep->pool->ino == st.st_ino &&
+        ep->pool->size == size) {
+        p = ep->pool;
     } else if ((p = map_pool(pool_fd, &st, size))) {
-        old = s->pool;
-        s->pool = p;
+        old = ep->pool;
+        ep->pool = p;
     }
     if (p)
         __atomic_add_fetch(&p->refs, 1, __ATOMIC_ACQ_REL);
-    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_unlock(&ep->pool_lock);
     client_pool_put(old);
     return p;
 }
 
-int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct client_pool **pool)
+int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool)
 {
     uint64_t size = 0;
-    int fd = gk_connect_unix(s->unix_path);
+    int fd = gk_connect_unix(ep->unix_path);
     if (fd < 0)
         return fd;
     int pool_fd = hello(fd, deadline_ns, &size);
@@ -171,7 +172,7 @@ int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct cli
         close(fd);
         return pool_fd;
     }
-    *pool = pool_of(s, pool_fd, size);
+    *pool = pool_of(ep, pool_fd, size);
     close(pool_fd);     /* the mapping keeps the memory */
     if (!*pool) {
         close(fd);

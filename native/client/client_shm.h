@@ -14,25 +14,14 @@
 #include "client_state.h"
 #include "client_copy.h"
 
-struct client_server;
 struct gpu_list;
 
-/* One mapping of a server's pool. A restarted server has a new memfd, so a
- * new mapping; the old one goes when its last connection does. */
-struct client_pool {
-    const uint8_t *base;
-    uint64_t size;          /* the server's capacity: every chunk lies below it */
-    size_t map_len;
-    dev_t dev;
-    ino_t ino;
-    uint32_t refs;          /* atomic: the server's current pool holds one */
-    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
-    uint64_t gpu_dptr;      /* where the GPU reads base (gpu_client.c) */
-};
 
-/* Connects to s's unix socket and maps its pool: returns the connected,
- * non-blocking fd with *pool referenced, or a negative gdrkv_error. */
-int client_shm_connect(struct client_server *s, uint64_t deadline_ns, struct client_pool **pool);
+/* Connects to the endpoint's unix socket and maps its pool (shared with
+ * the endpoint's other connections): returns the connected, non-blocking
+ * fd with *pool referenced, or a negative gdrkv_error. */
+int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool);
 void client_pool_put(struct client_pool *p);
 
 /* Appends the copies a LEASE answer describes for keys [first, first +

@@ -1,40 +1,153 @@
 /*
- * client_state.h - the structs the files of the client wing share, at the
- * bottom of the wing: one call taken apart into the keys grouped by server
- * (struct client_batch), the request/response exchanges that carry them
- * (struct client_frame), and the frames each connection carries in turn
- * (struct client_job). client_batch.c builds them, client_run.c drives
- * them, client_conn.c moves one frame at a time. The client object itself
- * is client.h's, the top of the wing.
+ * client_state.h - the structs the client wing's files share, at the
+ * bottom of the wing: any client file may include it, and it includes no
+ * client header but the two leaf ones whose structs the client embeds
+ * (client_copy.h, client_regions.h). client.h has the wing's file map.
  *
- * The wing, top to bottom:
- *   client.c          public API: options, server table, stats, entry points
- *   client_batch.c    a call -> checked, routed, striped keys -> jobs and frames
- *   client_run.c      connections for the jobs, the poll loop, health reports
- *   client_conn.c     one connection's non-blocking frame state machine
- *   client_iov.c      a frame's bytes as iovec windows over caller segments
- *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
- *   client_copy.c     shm: the copies, with helper threads for large frames
- *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments
- *   client_rdma.c     rdma: device, MRs, QPs per connection, READs and WRITEs
- *   client_server.c   one server: idle connection pool and health/backoff
- *   client_regions.c  registered memory ranges
- *   client_gpu.c      GPU segments of a call: staging, copy kernels, streams
- *   route.c           rendezvous hashing of keys to servers
+ *   struct gdrkv_client      the client: options, server table, ranges, counters
+ *   struct client_counters   the client's counters (CLIENT_COUNTERS)
+ *   struct client_endpoint   how to reach one server (address, unix socket, rdma, pool)
+ *   struct client_pool       a server's pool, mapped (shm)
+ *   struct client_keys       a keyed call's arguments, as the public API takes them
+ *   struct client_batch      one call taken apart: its keys grouped by server
+ *   struct client_frame      one request and its response
+ *   struct client_job        the frames one connection carries in turn
+ *   struct client_call       a batch and its jobs, for the poll loop
  */
 #ifndef GDRKV_CLIENT_STATE_H
 #define GDRKV_CLIENT_STATE_H
 
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
+#include "client_copy.h"
+#include "client_regions.h"
+#include "gdrkv.h"
+#include "common/net.h"
 #include "common/protocol.h"
+#include "common/stats.h"
 
 struct client_conn;
-struct client_copier;
-struct gdrkv_client;
+struct client_rdma;
+struct client_server;
+struct gpu_call;
 
+/* ------------------------------------------------------------ the client */
+
+/* The client's counters, one line each, in the order gdrkv_client_stats
+ * prints them (after calls_OP and keys_OP, before servers and the
+ * latencies). OWN(name) is a counter of struct client_counters; FROM(name,
+ * value) is read where it lives when the text is made: value is an
+ * expression of c, the client (the rdma transport keeps its own counters
+ * in struct client_rdma). A new counter is one line here. */
+#define CLIENT_COUNTERS(OWN, FROM)                                                              \
+    OWN(bytes_sent)                                                                             \
+    OWN(bytes_received)                                                                         \
+    OWN(errors_timeout)             /* keys (or keyless frames) failed by each error */         \
+    OWN(errors_unavailable)                                                                     \
+    OWN(errors_protocol)                                                                        \
+    OWN(connects)                   /* connections opened */                                    \
+    OWN(connect_failures)                                                                       \
+    OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
+    OWN(shm_connects)               /* of connects, over a unix socket with the pool mapped */  \
+    OWN(shm_bytes_copied)           /* GET bytes copied out of a mapped pool */                 \
+    OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
+    FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
+    FROM(rdma_read_frames, gk_counter_get(&c->rdma->read_frames))                               \
+    FROM(rdma_write_frames, gk_counter_get(&c->rdma->write_frames))                             \
+    FROM(rdma_work_requests, gk_counter_get(&c->rdma->work_requests))                           \
+    FROM(rdma_doorbells, gk_counter_get(&c->rdma->doorbells))                                   \
+    FROM(rdma_completions, gk_counter_get(&c->rdma->completions))                               \
+    FROM(rdma_bytes, gk_counter_get(&c->rdma->bytes))                                           \
+    FROM(rdma_fallback_frames, gk_counter_get(&c->rdma->fallback_frames))                       \
+    FROM(rdma_flush_reads, gk_counter_get(&c->rdma->flush_reads))                               \
+    FROM(rdma_gpu_mrs, gk_counter_get(&c->rdma->gpu_mrs))                                       \
+    FROM(rdma_gpu_mrs_dmabuf, gk_counter_get(&c->rdma->gpu_mrs_dmabuf))                         \
+    OWN(gpu_bytes)                  /* bytes moved to or from GPU memory (client_gpu.c) */      \
+    OWN(gpu_kernel_launches)                                                                    \
+    OWN(gpu_copy_engine_calls)
+
+#define CLIENT_COUNTER_FIELD(name) uint64_t name;
+#define CLIENT_COUNTER_NONE(name, value)
+
+/* Updated with relaxed atomics from any calling thread. */
+struct client_counters {
+    uint64_t calls[GK_OP_MAX + 1];
+    uint64_t keys[GK_OP_MAX + 1];
+    struct gk_latency latency[GK_OP_MAX + 1];
+    CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE)
+};
+
+/* A client is shared by many threads: everything but the counters is set
+ * at open and only read after; each server guards its own state. */
+struct gdrkv_client {
+    gdrkv_client_opts opts;         /* servers and ns are not kept: see below */
+    char ns_name[GK_MAX_NS_LEN + 1];
+    struct gk_ns ns;
+    uint32_t nservers;
+    struct client_server *servers;
+    uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
+    struct client_regions regions;
+    struct client_copier copier;    /* helper threads for large shm copies */
+    struct client_rdma *rdma;       /* device and MRs of the rdma transport */
+    struct client_counters counters;
+};
+
+/* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
+ * "unix:" and a socket path. */
+#define CLIENT_SERVER_NAME_MAX (sizeof(((struct gk_addr *)0)->host) + 9)
+
+/* How to reach one server: what a connection is opened over. Its unix
+ * socket first, with the server's pool mapped (shm), where it has one;
+ * else tcp; with QPs on the tcp connection where rdma is on. Set when the
+ * client opens (client_server.c) and only read after, but for the pool
+ * mapping, which has its own lock. */
+struct client_endpoint {
+    char name[CLIENT_SERVER_NAME_MAX];  /* canonical "host:port", "[v6]:port" or "unix:PATH" */
+    struct gk_addr addr;            /* unused for a unix: server */
+    char unix_path[GK_UNIX_PATH_MAX];   /* where to try shm first; "" = tcp only */
+    int shm_only;                   /* no tcp fallback: a unix: server, or transport shm */
+    struct client_rdma *rdma;       /* the client's, when transport rdma, or auto to another host */
+    int rdma_only;                  /* transport rdma: no plain tcp fallback */
+    pthread_mutex_t pool_lock;      /* guards pool */
+    struct client_pool *pool;       /* the mapping new connections share, or NULL */
+};
+
+/* One mapping of a server's pool. A restarted server has a new memfd, so a
+ * new mapping; the old one goes when its last connection does. */
+struct client_pool {
+    const uint8_t *base;
+    uint64_t size;          /* the server's capacity: every chunk lies below it */
+    size_t map_len;
+    dev_t dev;
+    ino_t ino;
+    uint32_t refs;          /* atomic: the server's current pool holds one */
+    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
+    uint64_t gpu_dptr;      /* where the GPU reads base (client_gpu.c) */
+};
+
+/* ------------------------------------------------------------ a call */
+
+/* A keyed call's arguments, as the public API takes them. */
+struct client_keys {
+    uint32_t n;
+    const char *keys;
+    const uint32_t *key_lens;
+    const uint64_t *seg_ptrs;       /* NULL for EXISTS and DELETE */
+    const uint64_t *seg_lens;
+    const uint32_t *seg_counts;
+    int64_t *results;
+    uint64_t stream;                /* GET/PUT: the caller's CUstream, or 0 */
+};
+
+/* One call taken apart: the keys grouped by server (client_call.c builds
+ * it), the request/response exchanges that carry them (struct
+ * client_frame), and the frames each connection carries in turn (struct
+ * client_job, driven by client_run.c, one frame at a time by
+ * client_conn.c). */
 struct client_batch {
     uint8_t opcode;
     const struct gk_ns *ns;
@@ -65,7 +178,7 @@ struct client_batch {
      * RDMA completions). */
     uint64_t deadline_ns;
 
-    /* GPU segments of the call (gpu_client.h), or NULL when there are none. */
+    /* GPU segments of the call (client_gpu.h), or NULL when there are none. */
     struct gpu_call *gpu;
 
     /* Traffic of the call, added to the client's counters once at the end. */

@@ -1,5 +1,5 @@
 /*
- * client_batch.c - turns a call into jobs. A keyed batch: each key is
+ * client_call.c - turns a call into jobs. A keyed batch: each key is
  * checked, routed, failed at once if its server is in backoff, else
  * gathered with the other keys of its server; each server's share is
  * striped over connections and cut into frames within the protocol's
@@ -10,14 +10,15 @@
  * tables and one for the jobs, frames and frame buffers. Each is laid out
  * by running the same function twice, first only to measure.
  */
+#include "client_call.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "client_batch.h"
+#include "client_gpu.h"
+#include "client_run.h"
 #include "client_server.h"
 #include "common/common.h"
-#include "client_gpu.h"
 #include "route.h"
 
 /* Value bytes a stripe must carry to be worth a connection of its own:
@@ -360,7 +361,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     memset(t.shares, 0, c->nservers * sizeof *t.shares);
 
     int rc = 0;
-    t.gpu = b->gpu = gpu_call_prepare(c, op, k, &rc);
+    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k, &rc);
     if (rc) {
         for (uint32_t i = 0; i < k->n; i++)
             k->results[i] = rc;
