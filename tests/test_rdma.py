@@ -354,3 +354,54 @@ def test_silent_server_costs_only_its_own_keys(server, fake_server, make_client)
     assert time.monotonic() - start < 1.5 + 1.0
     assert set(results) == {0, errors.E_TIMEOUT}, "keys should land on both servers"
     assert client_stat(client, "rdma_write_frames") >= 1
+
+
+TIMED_OUT_READS = """
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gdrkv
+from gdrkv import errors
+
+url, ns, n, size = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+keys = [f"late-{i}" for i in range(n)]
+client = gdrkv.Client(url, transport="rdma", namespace=ns, timeout_ms=300, conns=1)
+dest = np.full(n * size, 0x11, np.uint8)
+base, _ = client.register(dest)
+started = time.monotonic()
+results = client.batch_get(keys, [base + i * size for i in range(n)], [size] * n)
+took = time.monotonic() - started
+assert set(results) <= {errors.E_TIMEOUT, errors.E_UNAVAILABLE}, results
+at_return = dest.copy()
+# More calls on the same client poll the CQs of whatever connections it
+# kept: WRs left on a pooled QP would run now, into the old buffer.
+other = np.zeros(size, np.uint8)
+obase, _ = client.register(other)
+for _ in range(3):
+    client.batch_get(keys[:1], [obase], [size])
+time.sleep(0.5)
+assert (dest == at_return).all(), "bytes landed after the call returned"
+print(round(took, 3), int((at_return != 0x11).sum()))
+"""
+
+
+def test_timed_out_reads_leave_no_late_dma(server_factory, make_client):
+    """docs/transports.md: a call that times out with WRs outstanding
+    destroys its QPs, so no READ lands after it returned. softverbs runs
+    each WR slowly (SOFTVERBS_EXEC_DELAY_US) so the timeout comes with WRs
+    still queued; the calls that follow would run any that were left."""
+    server = server_factory("256MiB")
+    n, size = 32, 1 << 20
+    ns = unique("late")
+    keys = [f"late-{i}" for i in range(n)]
+    writer = rdma_client(make_client, server, namespace=ns)
+    assert batch_put_bytes(writer, keys, [content(k, size) for k in keys]) == [0] * n
+    env = dict(os.environ, SOFTVERBS_EXEC_DELAY_US="50000")
+    out = subprocess.run([sys.executable, "-c", TIMED_OUT_READS, os.path.dirname(__file__),
+                          server.url, ns, str(n), str(size)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    took, landed_before_return = out.stdout.split()[-2:]
+    # Timed out: some WRs ran (50 ms each) but far from all 32 in 300 ms.
+    assert float(took) < 0.3 + 2.0, took
+    assert 0 < int(landed_before_return) < n * size, landed_before_return
