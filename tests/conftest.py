@@ -2,7 +2,6 @@
 content that is a pure function of its key so any read can be checked
 without remembering what was written."""
 import contextlib
-import ctypes
 import faulthandler
 import hashlib
 import os
@@ -11,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -55,12 +55,18 @@ SHM_LINE = re.compile(rb"^gdrkv listening on .*shm on (\S+)\)$", re.M)
 PR_SET_PDEATHSIG = 1
 
 
+# Where the hang guard writes the stacks: pytest captures fd 2, and a
+# process that exits from the guard never hands the capture back, so
+# tests/run.sh prints this file when a pass fails.
+HANG_LOG = open(os.path.join(tempfile.gettempdir(), f"gdrkv-hang-{os.getpid()}.log"), "w")
+
+
 @pytest.fixture(autouse=True)
 def hang_guard():
     """A call that never returns ends the run with every thread's stack
     instead of blocking CI forever (the servers die with it: see
-    die_with_parent)."""
-    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True)
+    DIE_WITH_PARENT)."""
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=HANG_LOG)
     yield
     faulthandler.cancel_dump_traceback_later()
 
@@ -192,10 +198,15 @@ def unique(prefix="t"):
 
 # ---------------------------------------------------------------- servers
 
-def die_with_parent():
-    """Runs in the child before exec: the kernel SIGKILLs it when pytest
-    dies, so no server outlives an aborted run."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+# Started in front of a server's command: the kernel SIGKILLs the server when
+# pytest dies, so none outlives an aborted run (the setting survives exec).
+# Not a preexec_fn: Python code between fork and exec can deadlock in a
+# process with threads (the suite has many, ASan more), and Popen then waits
+# for that child forever.
+DIE_WITH_PARENT = [sys.executable, "-c",
+                   "import ctypes, os, sys; "
+                   f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}); "
+                   "os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 class ServerProcess:
@@ -231,8 +242,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "gdrkv", "serve", "--listen", listen,
                "--memory", str(self.memory), "--no-pretouch", *self.args]
         with open(self.out_path, "wb") as out, open(self.log_path, "ab") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(DIE_WITH_PARENT + cmd, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=err)
         self.must_exit_cleanly = True
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

@@ -45,9 +45,12 @@ build() {
 # run_pytest [pytest args...]: pytest exits 5 when it collected nothing,
 # which must count as a failure here.
 run_pytest() {
+    rm -f "${TMPDIR:-/tmp}"/gdrkv-hang-*.log
     (cd "$ROOT" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@") && return 0
     local rc=$?
     [ $rc -eq 5 ] && echo "pytest collected no tests" >&2
+    # A test that hung past the guard left every thread's stack here.
+    cat "${TMPDIR:-/tmp}"/gdrkv-hang-*.log 2>/dev/null >&2 || true
     return $rc
 }
 
