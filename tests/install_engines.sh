@@ -24,12 +24,18 @@ install_torch() {
 
 # sglang's declared dependencies are the GPU serving stack (flashinfer, CUDA
 # kernels, another torch); the HiCache storage API needs only what importing
-# sglang needs, listed here (pyyaml reads "@file.yaml" extra configs).
+# sglang needs, listed here (pyyaml reads "@file.yaml" extra configs). Its
+# real host pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost) and
+# HiCacheController import its model configs and quantization modules too,
+# which need dill, apache-tvm-ffi, sentencepiece, compressed-tensors and gguf
+# (at sglang's pins where it has one) and torchvision, whose PyPI wheel is a
+# CUDA build: the tests use an import-only stand-in (tests/stand_ins).
 # sglang goes in last: pip checks declared dependencies only when it installs
 # with them, so this order keeps its report of the skipped ones out of the log.
 install_sglang() {
     pip_install numpy orjson psutil pybase64 requests triton packaging pillow starlette \
         typing_extensions msgspec pydantic IPython tqdm aiohttp pyzmq pyyaml
+    pip_install dill apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf
     pip_install --no-deps sglang==0.5.23
 }
 
