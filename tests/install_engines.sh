@@ -3,13 +3,15 @@
 # environment whose python is $1, on a CPU-only machine. Safe to run again:
 # pip leaves what is already satisfied alone.
 #
-#   bash tests/install_engines.sh .venv-test/bin/python
+#   bash tests/install_engines.sh .venv-test/bin/python            # all of them
+#   bash tests/install_engines.sh .venv-vllm/bin/python torch lmcache
 #
-# One function per engine; add an engine by adding a function and calling it
-# at the bottom.
+# One function per engine; add an engine by adding a function and naming it
+# in the default list at the bottom.
 set -euo pipefail
 
-PYTHON=${1:?usage: install_engines.sh PYTHON}
+PYTHON=${1:?usage: install_engines.sh PYTHON [torch|sglang|lmcache...]}
+shift
 
 pip_install() {
     "$PYTHON" -m pip install -q --disable-pip-version-check "$@"
@@ -53,6 +55,6 @@ install_lmcache() {
     pip_install --no-deps lmcache==0.5.6
 }
 
-install_torch
-install_sglang
-install_lmcache
+for engine in "${@:-torch sglang lmcache}"; do
+    for name in $engine; do "install_$name"; done
+done
