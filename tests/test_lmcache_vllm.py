@@ -38,9 +38,10 @@ def worker(python, mode, server, model, hashseed, first=5000, count=2 * CHUNK_TO
     env.pop("PYTHONHASHSEED", None)
     if hashseed is not None:
         env["PYTHONHASHSEED"] = hashseed
-    # The sanitized pass of tests/run.sh instruments .venv-test's gdrkv, not
-    # this environment's: its runtime preloaded here would check nothing.
-    for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS"):
+    # The sanitized pass of tests/run.sh instruments .venv-test's gdrkv and
+    # softverbs, not this environment's gdrkv: neither its runtime nor that
+    # softverbs may be loaded here (the client picks shm on this host anyway).
+    for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "GDRKV_IBVERBS_LIB"):
         env.pop(name, None)
     done = subprocess.run([python, str(WORKER), mode, server.url, model, str(first), str(count)],
                           env=env, capture_output=True, text=True, timeout=300)
