@@ -3,13 +3,15 @@
 # environment whose python is $1, on a CPU-only machine. Safe to run again:
 # pip leaves what is already satisfied alone.
 #
-#   bash tests/install_engines.sh .venv-test/bin/python
+#   bash tests/install_engines.sh .venv-test/bin/python            # all of them
+#   bash tests/install_engines.sh .venv-vllm/bin/python torch lmcache
 #
-# One function per engine; add an engine by adding a function and calling it
-# at the bottom.
+# One function per engine; add an engine by adding a function and naming it
+# in the default list at the bottom.
 set -euo pipefail
 
-PYTHON=${1:?usage: install_engines.sh PYTHON}
+PYTHON=${1:?usage: install_engines.sh PYTHON [torch|sglang|lmcache...]}
+shift
 
 pip_install() {
     "$PYTHON" -m pip install -q --disable-pip-version-check "$@"
@@ -24,12 +26,18 @@ install_torch() {
 
 # sglang's declared dependencies are the GPU serving stack (flashinfer, CUDA
 # kernels, another torch); the HiCache storage API needs only what importing
-# sglang needs, listed here (pyyaml reads "@file.yaml" extra configs).
+# sglang needs, listed here (pyyaml reads "@file.yaml" extra configs). Its
+# real host pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost) and
+# HiCacheController import its model configs and quantization modules too,
+# which need dill, apache-tvm-ffi, sentencepiece, compressed-tensors and gguf
+# (at sglang's pins where it has one) and torchvision, whose PyPI wheel is a
+# CUDA build: the tests use an import-only stand-in (tests/stand_ins).
 # sglang goes in last: pip checks declared dependencies only when it installs
 # with them, so this order keeps its report of the skipped ones out of the log.
 install_sglang() {
     pip_install numpy orjson psutil pybase64 requests triton packaging pillow starlette \
         typing_extensions msgspec pydantic IPython tqdm aiohttp pyzmq pyyaml
+    pip_install dill apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf
     pip_install --no-deps sglang==0.5.23
 }
 
@@ -47,6 +55,6 @@ install_lmcache() {
     pip_install --no-deps lmcache==0.5.6
 }
 
-install_torch
-install_sglang
-install_lmcache
+for engine in "${@:-torch sglang lmcache}"; do
+    for name in $engine; do "install_$name"; done
+done

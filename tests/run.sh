@@ -58,6 +58,11 @@ echo "== virtual environment, engines (torch, sglang, lmcache) and test tools"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel cffi
 bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
+# vLLM pins another transformers than SGLang: the LMCache-with-vLLM tests
+# (tests/test_lmcache_vllm.py) run their workers in an environment of its
+# own, with an optimised gdrkv from this checkout.
+echo "== vLLM test environment"
+bash "$ROOT/tests/install_vllm_env.sh" "$ROOT/.venv-vllm"
 
 # The test extra of pyproject.toml, without reinstalling gdrkv itself.
 "$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(

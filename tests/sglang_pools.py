@@ -1,125 +1,125 @@
-"""SGLang host pools for CPU-only tests, running SGLang's own page code.
+"""SGLang's real host pools and HiCache controller, on a CPU-only machine.
 
-The real MHATokenToKVPoolHost and MLATokenToKVPoolHost cannot be imported
-without a GPU stack (their modules pull in model configs, transformers and
-torchvision). Their page methods are plain torch arithmetic, though, so this
-module compiles those methods straight from the installed sglang package into
-small duck-typed pools: buffer shapes, segment pointers and flat pages are
-exactly SGLang 0.5.23's.
+The pools are SGLang 0.5.23's own MHATokenToKVPoolHost and
+MLATokenToKVPoolHost, built the way SGLang's pool assembler builds them:
+over a CPU MHATokenToKVPool / MLATokenToKVPool device pool, from its
+buffer info. Only pin_memory is off (pinning needs CUDA). The controller is
+SGLang's HiCacheController, whose backup and prefetch threads call the
+storage backend as a running server does. tests/install_engines.sh installs
+what they import; torchvision comes from tests/stand_ins (engines.py).
 
 Run as a script it writes or checks pages through the adapter in a fresh
 process (the restart and DP/TP/dtype tests of docs/keys.md):
 
     python tests/sglang_pools.py write|read URL NAMESPACE JSON_LIST_OF_SETTINGS
 """
-import __future__
-import ast
-import collections
-import dataclasses
 import hashlib
+import importlib
 import json
-import os
 import sys
-import typing
+import threading
 
 import torch
 
-import sglang
+import engines
 
-_SGLANG = os.path.dirname(sglang.__file__)
-_PAGE_METHODS = ("init_kv_buffer", "get_page_buffer_meta", "get_data_page",
-                 "set_from_flat_data_page", "get_dummy_flat_data_page")
+engines.torchvision_stand_in()
+from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+
+
+def _sglang(module, name):
+    """SGLang's pool and controller classes, imported on first use: they
+    pull in SGLang's model stack, which the key tests' fresh processes
+    (tests/test_keys.py) need not load."""
+    return getattr(importlib.import_module("sglang.srt." + module), name)
+
+
+# Every layout whose pages SGLang's host pools can hand to an L3 backend
+# (get_page_buffer_meta): MLA has no page_head, and page_unified and MLA's
+# page_first_kv_split (DSA indexer pools) have no L3 page form.
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+DEVICE_PAGES = 2          # the device pool only lends its geometry
 
 
-def sglang_definitions(relpath, names, class_name=None):
-    """{name: object} for the top-level definitions (or the methods of
-    class_name) called names in sglang/relpath, compiled from its source."""
-    path = os.path.join(_SGLANG, relpath)
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    body = tree.body
-    if class_name:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == class_name).body
-    found = [n for n in body if getattr(n, "name", None) in names]
-    missing = set(names) - {n.name for n in found}
-    assert not missing, f"sglang {relpath} has no {sorted(missing)}"
-    namespace = {"torch": torch, "ALLOC_MEMORY_FUNCS": collections.defaultdict(
-        lambda: _cpu_alloc), "_is_npu": False, "dataclass": dataclasses.dataclass,
-        "field": dataclasses.field, "List": typing.List, "Optional": typing.Optional,
-        "os": os, "json": json}
-    code = compile(ast.Module(body=found, type_ignores=[]), path, "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    exec(code, namespace)
-    return {name: namespace[name] for name in names}
+def _device_mha(page_size, layer_num, head_num, head_dim, dtype):
+    pool = _sglang("mem_cache.memory_pool", "MHATokenToKVPool")
+    return pool(DEVICE_PAGES * page_size, page_size, dtype, head_num=head_num,
+                head_dim=head_dim, layer_num=layer_num, device="cpu",
+                enable_memory_saver=False, start_layer=0, end_layer=layer_num - 1)
 
 
-def _cpu_alloc(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
-    return torch.empty(dims, dtype=dtype, device=device)
+def _device_mla(page_size, layer_num, kv_lora_rank, qk_rope_head_dim, dtype):
+    pool = _sglang("mem_cache.memory_pool", "MLATokenToKVPool")
+    return pool(DEVICE_PAGES * page_size, page_size, dtype, kv_lora_rank=kv_lora_rank,
+                qk_rope_head_dim=qk_rope_head_dim, layer_num=layer_num, device="cpu",
+                enable_memory_saver=False, start_layer=0, end_layer=layer_num - 1)
 
 
-_MHA = sglang_definitions("srt/mem_cache/pool_host/mha.py",
-                          _PAGE_METHODS + ("k_buffer", "v_buffer"), "MHATokenToKVPoolHost")
-_MLA = sglang_definitions("srt/mem_cache/pool_host/mla.py",
-                          _PAGE_METHODS + ("_storage_page_index",), "MLATokenToKVPoolHost")
+def _host_args(device, page_size, pages, layout):
+    return dict(host_to_device_ratio=1.0, host_size=0, page_size=page_size, layout=layout,
+                pin_memory=False, device_capacity_tokens=device.size,
+                start_layer=device.start_layer, end_layer=device.end_layer,
+                host_token_capacity=pages * page_size)
 
 
-class _HostPool:
-    """The state SGLang's page methods read, for a CPU pool of `pages`
-    pages of random bytes."""
-
-    def __init__(self, layout, page_size, pages, layer_num, dtype):
-        self.layout, self.page_size, self.layer_num, self.dtype = layout, page_size, layer_num, dtype
-        self.page_num = pages
-        self.size = self.logical_size = pages * page_size
-        self.logical_page_size = page_size
-        self.dcp_size = 1
-        self.device, self.pin_memory, self.allocator = "cpu", False, None
-        self._transfer_device = torch.device("cpu")
-
-    def fill_random(self, seed):
-        flat = self.kv_buffer.view(-1).view(torch.uint8)
-        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8,
-                                 generator=torch.Generator().manual_seed(seed)))
-
-    def page_bytes(self, page):
-        """The bytes of page number `page`, in SGLang's flat page order."""
-        return self.get_data_page(page * self.page_size).view(torch.uint8).numpy().tobytes()
-
-    def indices(self, pages):
-        """host_indices of the given page numbers, as SGLang passes them."""
-        return torch.cat([torch.arange(p * self.page_size, (p + 1) * self.page_size)
-                          for p in pages]).to(torch.int64)
+def device_and_host(attention, layout, page_size, pages=8, layer_num=2, dtype=torch.bfloat16,
+                    seed=0):
+    """(device pool, host pool) of SGLang's own classes; the host pool has
+    `pages` pages of seeded random bytes. MHA: 2 heads of 8; MLA: a
+    kv_lora_rank of 16 and a rope dimension of 8."""
+    if attention == "mla":
+        device = _device_mla(page_size, layer_num, 16, 8, dtype)
+        host_pool = _sglang("mem_cache.pool_host.mla", "MLATokenToKVPoolHost")
+        host = host_pool(device.get_device_pool_infos()[0].buffer_info,
+                         target_layer_num=device.layer_num,
+                         override_kv_cache_dim=device.kv_cache_dim,
+                         **_host_args(device, page_size, pages, layout))
+    else:
+        device = _device_mha(page_size, layer_num, 2, 8, dtype)
+        host_pool = _sglang("mem_cache.pool_host.mha", "MHATokenToKVPoolHost")
+        host = host_pool(device.get_device_pool_infos()[0].buffer_info,
+                         write_back_staging=device.hicache_write_back_staging,
+                         **_host_args(device, page_size, pages, layout))
+    fill_random(host, seed)
+    return device, host
 
 
-MHAHostPool = type("MHAHostPool", (_HostPool,), dict(_MHA))
-MLAHostPool = type("MLAHostPool", (_HostPool,), dict(_MLA))
+def mha_pool(layout, page_size, **kwargs):
+    """A real MHATokenToKVPoolHost (device_and_host)."""
+    return device_and_host("mha", layout, page_size, **kwargs)[1]
 
 
-def mha_pool(layout, page_size, pages=8, layer_num=2, head_num=2, head_dim=8,
-             dtype=torch.bfloat16, seed=0):
-    pool = MHAHostPool(layout, page_size, pages, layer_num, dtype)
-    pool.head_num, pool.head_dim = head_num, head_dim
-    pool.kv_buffer = pool.init_kv_buffer()
-    pool.fill_random(seed)
-    return pool
+def mla_pool(layout, page_size, **kwargs):
+    """A real MLATokenToKVPoolHost (device_and_host)."""
+    return device_and_host("mla", layout, page_size, **kwargs)[1]
 
 
-def mla_pool(layout, page_size, pages=8, layer_num=2, kv_cache_dim=24,
-             dtype=torch.bfloat16, seed=0):
-    pool = MLAHostPool(layout, page_size, pages, layer_num, dtype)
-    pool.kv_cache_dim = kv_cache_dim
-    pool.kv_buffer = pool.init_kv_buffer()
-    pool.fill_random(seed)
-    return pool
+def make_pool(attention, layout, page_size, **kwargs):
+    return device_and_host(attention, layout, page_size, **kwargs)[1]
+
+
+def fill_random(pool, seed):
+    flat = pool.kv_buffer.view(-1).view(torch.uint8)
+    flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(seed)))
+
+
+def page_bytes(pool, page):
+    """The bytes of page number `page`, in SGLang's own flat page order."""
+    return pool.get_data_page(page * pool.page_size).view(torch.uint8).numpy().tobytes()
+
+
+def indices(pool, pages):
+    """host_indices of the given page numbers, as SGLang passes them."""
+    return torch.cat([torch.arange(p * pool.page_size, (p + 1) * pool.page_size)
+                      for p in pages]).to(torch.int64)
 
 
 def storage_config(*, model="meta-llama/Llama-3.1-8B-Instruct", mla=False, tp_rank=0,
                    tp_size=1, dp_rank=0, pp_rank=0, pp_size=1, dcp_size=1,
                    logical_page_size=None, metrics=False, extra=None):
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size,
         attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
@@ -135,10 +135,70 @@ def extra_config(url, **options):
 
 def page_hashes(tokens, page_size):
     """SGLang's SHA-256 chain hashes of the full pages of tokens (the
-    function behind get_storage_hash_str, importable on CPU)."""
-    from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash
-
+    function behind the controller's get_storage_hash_str)."""
     return get_native_hash(tokens, None, page_size)
+
+
+# ---------------------------------------------------------------- controller
+
+class Controller:
+    """SGLang's HiCacheController over a host pool, with storage attached
+    through the dynamic backend factory, driven the way SGLang's radix tree
+    drives it (write_storage for backup; prefetch, then host indices and the
+    prefetch buffer for a hit). One TP rank of tp_size, without process
+    groups: each rank's hit counts are its own."""
+
+    TIMEOUT_S = 60
+
+    def __init__(self, attention, layout, page_size, extra, *, tp_rank=0, tp_size=1,
+                 model="test/model", **pool_args):
+        device, self.pool = device_and_host(attention, layout, page_size, **pool_args)
+        allocator = _sglang("mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator")(
+            device.size, page_size, device.dtype, "cpu", device, False)
+        controller = _sglang("managers.cache_controller", "HiCacheController")
+        # The controller reads the rank from SGLang's parallel context when
+        # it builds the storage config, here at attach.
+        parallel = _sglang("runtime_context", "get_parallel")()
+        with parallel.override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+                               attn_dcp_size=1, attn_dcp_rank=0):
+            self.cc = controller(allocator, self.pool, page_size, None, threading.Event(),
+                                 storage_backend="dynamic", model_name=model,
+                                 storage_backend_extra_config=extra)
+
+    @property
+    def backend(self):
+        return self.cc.storage_backend
+
+    def backup(self, tokens, pages):
+        """Writes the pages of tokens held in host pages `pages` to storage
+        through the backup thread; the tokens it reports stored."""
+        page_size = self.pool.page_size
+        self.cc.write_storage(indices(self.pool, pages), tokens,
+                              hash_value=page_hashes(tokens, page_size))
+        operation = self.cc.ack_backup_queue.get(timeout=self.TIMEOUT_S)
+        return operation.completed_tokens
+
+    def prefetch(self, tokens, pages):
+        """Asks storage for tokens through the prefetch thread and lands the
+        hit in host pages `pages`: (tokens the hit query found, tokens the
+        transfer completed)."""
+        operation = self.cc.prefetch("rid", tokens)
+        hit = self.cc.prefetch_hit_queue.get(timeout=self.TIMEOUT_S)
+        assert hit is operation
+        found = operation.storage_hit_count
+        if found == 0:
+            return 0, 0
+        operation.host_indices = indices(self.pool, pages[:found // self.pool.page_size])
+        self.cc.prefetch_buffer.put(operation)
+        completed = 0
+        while True:
+            ack = self.cc.ack_prefetch_queue.get(timeout=self.TIMEOUT_S)
+            if ack.completed_req:
+                return found, completed
+            completed = ack.completed_tokens
+
+    def close(self):
+        self.cc.detach_storage_backend()
 
 
 # ---------------------------------------------------------------- subprocess
@@ -151,26 +211,25 @@ def _fresh_process(mode, url, namespace, runs):
 
     report = []
     for settings in runs:
-        mla = settings["mla"]
-        make = mla_pool if mla else mha_pool
         hashes = page_hashes(settings["tokens"], settings["page_size"])
-        pool = make(settings["layout"], settings["page_size"], pages=len(hashes),
-                    dtype=getattr(torch, settings["dtype"]),
-                    seed=int(hashlib.sha256(hashes[0].encode()).hexdigest()[:8], 16))
-        expected = [pool.page_bytes(p) for p in range(len(hashes))]
-        config = storage_config(mla=mla, tp_rank=settings["tp_rank"],
+        pool = make_pool("mla" if settings["mla"] else "mha", settings["layout"],
+                         settings["page_size"], pages=len(hashes),
+                         dtype=getattr(torch, settings["dtype"]),
+                         seed=int(hashlib.sha256(hashes[0].encode()).hexdigest()[:8], 16))
+        expected = [page_bytes(pool, p) for p in range(len(hashes))]
+        config = storage_config(mla=settings["mla"], tp_rank=settings["tp_rank"],
                                 tp_size=settings["tp_size"], dp_rank=settings["dp_rank"],
                                 extra=extra_config(url, namespace=namespace))
         backend = GdrkvHiCacheStorage(config, {})
         if mode == "read":
             pool.kv_buffer.zero_()
         backend.register_mem_pool_host(pool)
-        indices = pool.indices(range(len(hashes)))
+        host_indices = indices(pool, range(len(hashes)))
         if mode == "write":
-            report.append(backend.batch_set_v1(hashes, indices))
+            report.append(backend.batch_set_v1(hashes, host_indices))
         else:
-            report.append([ok and pool.page_bytes(p) == expected[p]
-                           for p, ok in enumerate(backend.batch_get_v1(hashes, indices))])
+            report.append([ok and page_bytes(pool, p) == expected[p]
+                           for p, ok in enumerate(backend.batch_get_v1(hashes, host_indices))])
         backend.close()
     print(json.dumps(report))
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import fake_sysfs
-from conftest import run_gdrkv
+from conftest import SOFTVERBS, run_gdrkv
 from fake_sysfs import GPU_A, GPU_B, GPU_C
 from gdrkv import client as client_module
 from gdrkv.doctor import report as doctor, selftest as doctor_selftest
@@ -310,14 +310,17 @@ def test_verbs_report_parsing_and_rendering():
 
 
 def test_verbs_report_from_this_library():
-    """Every build has the rdma transport (the verbs ABI is declared in the
-    repository); whether it is available depends on the host."""
+    """What this process's library reports: with the rdma transport built,
+    the libibverbs the suite loads (softverbs, conftest.py) and its device."""
     report = doctor.verbs_report()
+    from gdrkv._native import lib
+    if not hasattr(lib, "gdrkv_rdma_report"):
+        assert report["rdma_why"] == "rdma transport not built in this library"
+        return
     assert report["rdma_built"] == 1
-    assert report["rdma_library"] == os.environ.get("GDRKV_IBVERBS_LIB", "libibverbs.so.1")
-    assert report["rdma_available"] in (0, 1)
-    if not report["rdma_available"]:
-        assert report["rdma_why"]
+    assert report["rdma_library"] == os.environ["GDRKV_IBVERBS_LIB"] == SOFTVERBS
+    assert report["rdma_available"] == 1, report.get("rdma_why")
+    assert report["devices"]["softverbs0"]["ports"]["1"]["state"] == "ACTIVE"
 
 
 # ---------------------------------------------------------------- the command
@@ -380,24 +383,31 @@ def test_forced_self_test_without_rdma_fails_with_a_reason():
     assert report["self_test"]["ok"] is False and failed and failed[0]["detail"], report
 
 
-def test_doctor_runs_the_self_test_when_rdma_is_there(tree, monkeypatch, capsys):
-    """Devices in sysfs and an available transport: the self-test runs
-    unasked, and its failure is the exit code."""
-    monkeypatch.setattr(doctor, "verbs_report",
-                        lambda: doctor.parse_verbs_report(REPORT))
-    calls = []
+def softverbs_env(tmp_path, **settings):
+    """The environment of a `gdrkv doctor` whose libibverbs is softverbs."""
+    if SOFTVERBS is None:           # conftest.py fails instead under GDRKV_REQUIRE_RDMA=1
+        pytest.skip("softverbs not built (no libibverbs-dev)")
+    return {"GDRKV_IBVERBS_LIB": SOFTVERBS, "SOFTVERBS_DIR": str(tmp_path), **settings}
 
-    def fake_run(runs):
-        calls.append(runs)
-        return {"ok": False, "transport": "rdma", "sweep": [],
-                "checks": [{"name": "start a server rdma=on", "ok": False, "detail": "boom"}]}
-    monkeypatch.setattr(doctor_selftest, "run", fake_run)
-    from gdrkv.cli import main
-    assert main(["doctor", "--runs", "2"]) == 1
-    assert calls == [2]
-    out = capsys.readouterr().out
-    assert "start a server rdma=on  FAILED  boom" in out, out
-    assert main(["doctor", "--no-self-test"]) == 0 and calls == [2]
+
+def test_doctor_runs_the_self_test_when_rdma_is_there(tree, tmp_path):
+    """Devices in sysfs and a libibverbs that works (softverbs): the
+    self-test runs unasked, and its failure is the exit code."""
+    env = {"GDRKV_SYSFS_ROOT": tree, **softverbs_env(tmp_path)}
+    result = gdrkv("doctor", "--runs", "1", env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "self-test (transport=rdma, loopback)" in result.stdout
+    assert result.stdout.rstrip().endswith("passed"), result.stdout[-4000:]
+
+    # softverbs refusing to register a slab page: the server cannot start.
+    env["SOFTVERBS_MAX_MR_SIZE"] = "65536"
+    result = gdrkv("doctor", "--runs", "1", env=env, timeout=300)
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "start a server rdma=on  FAILED  rdma: softverbs0 registers at most 65536" \
+        in result.stdout, result.stdout[-4000:]
+
+    result = gdrkv("doctor", "--no-self-test", env=env)
+    assert result.returncode == 0 and "self-test (transport" not in result.stdout
 
 
 # ---------------------------------------------------------------- the self-test itself
@@ -441,26 +451,46 @@ def test_self_test_reports_a_transport_it_cannot_use():
 
 
 def test_self_test_over_softverbs(tmp_path):
-    """`gdrkv doctor --self-test` as someone with a NIC runs it, the NIC
-    being softverbs (built with every gdrkv): a server and a client over the
-    rdma transport, every check passing, the sweep moving bytes by RDMA
-    WRITE and READ, and the transport's own counters showing its work."""
-    from gdrkv import softverbs
-    env = {"GDRKV_IBVERBS_LIB": softverbs.library_path(), "SOFTVERBS_DIR": str(tmp_path)}
+    """`gdrkv doctor --self-test` with softverbs as libibverbs: its server
+    and client move every byte over rdma, and the report says so (verbs
+    rows, checks, sweep, the client's rdma counters)."""
+    env = softverbs_env(tmp_path)
     result = gdrkv("doctor", "--self-test", "--runs", "1", "--json", env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    test = json.loads(result.stdout)["self_test"]
+    report = json.loads(result.stdout)
+
+    verbs = report["rdma"]["verbs"]
+    assert (verbs["rdma_built"], verbs["rdma_available"], verbs["rdma_library"]) == \
+        (1, 1, SOFTVERBS)
+    assert verbs["devices"]["softverbs0"]["ports"]["1"]["state"] == "ACTIVE"
+
+    test = report["self_test"]
     assert test["ok"] and test["transport"] == "rdma", test
-    assert all(check["ok"] for check in test["checks"]), test["checks"]
-    assert [r["size"] for r in test["sweep"] if r["memory"] == "host"] == [4096, 65536, 1 << 20]
-    assert all(r["put_gbps"] > 0 and r["get_gbps"] > 0 for r in test["sweep"]), test["sweep"]
+    assert [c["name"] for c in test["checks"] if c["ok"]] == [c["name"] for c in test["checks"]]
+    assert len(test["checks"]) == 5
+    assert [(r["memory"], r["size"], r["runs"]) for r in test["sweep"]] == \
+        [("host", size, 1) for size in doctor_selftest.SWEEP_SIZES]
+    assert all(r["put_gbps"] > 0 and r["get_gbps"] > 0 for r in test["sweep"])
+
+    # Every byte the self-test wrote and read went over rdma, none fell back.
     counters = test["client_counters"]
-    assert counters["rdma_read_frames"] > 0 and counters["rdma_write_frames"] > 0, counters
-    assert counters["rdma_work_requests"] >= counters["rdma_doorbells"] > 0, counters
-    assert counters["rdma_fallback_frames"] == 0, counters
-    # The report a person reads says the same.
+    segments = next(c["detail"] for c in test["checks"] if "3 segments" in c["name"])
+    objects, size = segments.split()[::3]          # "4 objects of 15007 bytes"
+    moved = (2 * sum(doctor_selftest.CHECK_SIZES) + 2 * int(objects) * int(size)
+             + sum(2 * r["objects"] * r["size"] * r["runs"] for r in test["sweep"]))
+    assert counters["rdma_bytes"] == moved, counters
+    assert counters["rdma_open"] >= 1 and counters["rdma_fallback_frames"] == 0
+    assert counters["rdma_write_frames"] > 0 and counters["rdma_read_frames"] > 0
+    assert counters["rdma_work_requests"] >= counters["rdma_completions"] > 0
+
     text = gdrkv("doctor", "--self-test", "--runs", "1", env=env, timeout=300).stdout
-    assert "self-test (transport=rdma, loopback)" in text and text.rstrip().endswith("passed")
+    assert f"rdma: available through {SOFTVERBS}" in text
+    assert any(line.split()[:2] == ["softverbs0/1", "ACTIVE"] for line in text.splitlines())
+    assert "self-test (transport=rdma, loopback)" in text
+    assert "the client's rdma counters after the test" in text
+    assert any(line.split()[:1] == ["rdma_bytes"] and int(line.split()[1]) > 0
+               for line in text.splitlines()), text
+    assert text.rstrip().endswith("passed")
 
 
 def test_self_test_rendering_of_a_failure_and_of_rdma_counters():
@@ -472,4 +502,3 @@ def test_self_test_rendering_of_a_failure_and_of_rdma_counters():
     assert "host memory WRITE then READ  FAILED  object 2 differs" in text
     assert "rdma_post_calls  3" in text and "rdma_wrs         96" in text
     assert text.endswith("FAILED") and "bandwidth" not in text
-

@@ -1,9 +1,10 @@
 """The SGLang HiCache backend against real gdrkv servers and the real
-sglang==0.5.23 package (tests/install_engines.sh installs it): every host
-layout, MHA and MLA, TP and DP ranks, the dynamic factory, fail-soft when a
-server dies, concurrent prefetch and backup threads, and pages that survive
-a restart of the engine process (docs/keys.md)."""
-import functools
+sglang==0.5.23 package (tests/install_engines.sh installs it): SGLang's own
+host pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost) in every layout it
+can page, its HiCacheController's backup and prefetch threads, TP and DP
+ranks, the dynamic factory, fail-soft when a server dies, concurrent
+prefetch and backup threads, and pages that survive a restart of the engine
+process (docs/keys.md). Pages are compared byte for byte."""
 import json
 import os
 import subprocess
@@ -16,12 +17,17 @@ import pytest
 import engines
 
 engines.require("sglang.srt.mem_cache.hicache_storage")
+engines.torchvision_stand_in()
 import torch  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
+    HybridCacheController)
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
 
 import sglang_pools as sp  # noqa: E402
-from conftest import background, run_threads, unique  # noqa: E402
+import threads  # noqa: E402
+from conftest import unique, wait_for  # noqa: E402
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
 
 SERVER_MEMORY = "256MiB"
@@ -56,7 +62,7 @@ def hashes(n, page_size=4, salt=0):
 
 
 def same_pages(a, a_pages, b, b_pages):
-    return [a.page_bytes(p) == b.page_bytes(q) for p, q in zip(a_pages, b_pages)]
+    return [sp.page_bytes(a, p) == sp.page_bytes(b, q) for p, q in zip(a_pages, b_pages)]
 
 
 # ---------------------------------------------------------------- layouts
@@ -68,17 +74,90 @@ LAYOUTS = ([("mha", layout) for layout in sp.MHA_LAYOUTS]
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("attention,layout", LAYOUTS)
 def test_pages_round_trip_byte_exact(make_backend, attention, layout, page_size):
-    make = sp.mla_pool if attention == "mla" else sp.mha_pool
-    writer_pool, reader_pool = make(layout, page_size, seed=1), make(layout, page_size, seed=2)
+    writer_pool = sp.make_pool(attention, layout, page_size, seed=1)
+    reader_pool = sp.make_pool(attention, layout, page_size, seed=2)
     writer = attached(make_backend(mla=attention == "mla"), writer_pool)
     reader = attached(make_backend(mla=attention == "mla"), reader_pool)
     keys = hashes(4, page_size)
 
-    assert writer.batch_set_v1(keys, writer_pool.indices([1, 2, 3, 4])) == [True] * 4
+    assert writer.batch_set_v1(keys, sp.indices(writer_pool, [1, 2, 3, 4])) == [True] * 4
     assert reader.batch_exists(keys) == 4
     # Other slots of another pool: the bytes move, not the slot numbers.
-    assert reader.batch_get_v1(keys, reader_pool.indices([6, 0, 7, 3])) == [True] * 4
+    assert reader.batch_get_v1(keys, sp.indices(reader_pool, [6, 0, 7, 3])) == [True] * 4
     assert same_pages(writer_pool, [1, 2, 3, 4], reader_pool, [6, 0, 7, 3]) == [True] * 4
+
+
+# ---------------------------------------------------------------- controller
+
+@pytest.fixture
+def make_controller(server):
+    """make_controller(attention, layout, page_size=16, options=None, **pool
+    and rank args) -> SGLang's HiCacheController with the backend attached
+    through the dynamic factory, on the module's server in this test's
+    namespace; detached (threads stopped, backend closed) at teardown."""
+    namespace = unique("ns")
+    controllers = []
+
+    def make(attention, layout, page_size=16, options=None, **kwargs):
+        extra = sp.extra_config(server.url, namespace=namespace, **(options or {}))
+        controllers.append(sp.Controller(attention, layout, page_size, extra, **kwargs))
+        return controllers[-1]
+
+    yield make
+    for controller in controllers:
+        controller.close()
+
+
+@pytest.mark.parametrize("interface", ["zero_copy", "copying"])
+@pytest.mark.parametrize("attention,layout", LAYOUTS)
+def test_controller_backs_up_and_prefetches_byte_exact(make_controller, attention, layout,
+                                                       interface):
+    """SGLang's own threads drive the backend: one controller's backup
+    thread stores host pages, another's prefetch thread counts them
+    (batch_exists) and lands them in other host slots. "zero_copy" is
+    interface_v1 (batch_set_v1/batch_get_v1); "copying" is SGLang's legacy
+    flat-page path (batch_set/batch_get, then set_from_flat_data_page)."""
+    options = {"interface_v1": int(interface == "zero_copy")}
+    writer = make_controller(attention, layout, options=options, seed=1)
+    reader = make_controller(attention, layout, options=options, seed=2)
+    zero_copy_calls = writer.cc.page_set_func == writer.cc._page_set_zero_copy
+    assert zero_copy_calls == (interface == "zero_copy")
+    tokens = list(range(16 * 5))
+
+    assert writer.backup(tokens[:64], [1, 2, 3, 4]) == 64
+    # One page more than was stored: the hit stops at the stored prefix.
+    assert reader.prefetch(tokens, [7, 0, 5, 6, 3]) == (64, 64)
+    assert same_pages(writer.pool, [1, 2, 3, 4], reader.pool, [7, 0, 5, 6]) == [True] * 4
+
+
+def test_controller_tp_ranks(make_controller):
+    """MHA: each TP rank backs up and prefetches its own shard of the same
+    tokens. MLA: SGLang skips the backup on ranks other than 0, and every
+    rank prefetches rank 0's one copy."""
+    tokens = list(range(16 * 3))
+    mha = [make_controller("mha", "page_first", tp_rank=r, tp_size=2, seed=r) for r in range(2)]
+    for rank in mha:
+        assert rank.backup(tokens, [0, 1, 2]) == 48
+    for r in range(2):
+        landing = make_controller("mha", "page_first", tp_rank=r, tp_size=2, seed=10 + r)
+        assert landing.prefetch(tokens, [5, 6, 7]) == (48, 48)
+        assert same_pages(mha[r].pool, [0, 1, 2], landing.pool, [5, 6, 7]) == [True] * 3
+
+    mla = [make_controller("mla", "page_first", tp_rank=r, tp_size=2, seed=20 + r)
+           for r in range(2)]
+    assert mla[1].backup(tokens, [0, 1, 2]) == 0           # not the writer: skipped
+    assert mla[0].prefetch(tokens, [5, 6, 7]) == (0, 0)
+    assert mla[0].backup(tokens, [0, 1, 2]) == 48
+    assert mla[1].prefetch(tokens, [5, 6, 7]) == (48, 48)
+    assert same_pages(mla[0].pool, [0, 1, 2], mla[1].pool, [5, 6, 7]) == [True] * 3
+
+
+def test_layout_without_pages_is_refused_at_attach(make_backend):
+    """page_unified host pools have no L3 page form in SGLang: the attach
+    fails loudly instead of storing something else."""
+    pool = sp.mha_pool("page_unified", 16)
+    with pytest.raises(ValueError, match="page_unified"):
+        attached(make_backend(), pool)
 
 
 def test_copying_interface_round_trips(make_backend):
@@ -102,8 +181,9 @@ def test_copying_interface_round_trips(make_backend):
 
 
 def test_mooncake_style_duck_pool(make_backend):
-    """The minimal pool of SGLang's own backend tests: kv_buffer, layout,
-    page_size and get_page_buffer_meta only."""
+    """The minimal pool of SGLang's own backend tests (its Mooncake store
+    test's MockHostKVCache): kv_buffer, layout, page_size and
+    get_page_buffer_meta only. The adapter must not need more than that."""
     class MockHostKVCache:
         def __init__(self, buffer):
             self.kv_buffer, self.layout, self.page_size = buffer, "page_first", 1
@@ -128,11 +208,11 @@ def test_mha_tp_ranks_keep_their_own_shards(make_backend):
     ranks = [attached(make_backend(tp_rank=r, tp_size=4), pools[r]) for r in range(4)]
     keys = hashes(2, 16)
     for rank in ranks:
-        assert rank.batch_set_v1(keys, pools[0].indices([0, 1])) == [True, True]
+        assert rank.batch_set_v1(keys, sp.indices(pools[0], [0, 1])) == [True, True]
     for r, rank in enumerate(ranks):
         landing = sp.mha_pool("page_first", 16, seed=99)
         assert attached(make_backend(tp_rank=r, tp_size=4), landing).batch_get_v1(
-            keys, landing.indices([2, 3])) == [True, True]
+            keys, sp.indices(landing, [2, 3])) == [True, True]
         assert same_pages(pools[r], [0, 1], landing, [2, 3]) == [True, True]
     # The same rank of another TP size holds other bytes.
     assert attached(make_backend(tp_rank=0, tp_size=2), pools[0]).batch_exists(keys) == 0
@@ -142,14 +222,14 @@ def test_mla_ranks_share_one_rank_less_copy(make_backend):
     writer_pool = sp.mla_pool("page_first", 16, seed=1)
     keys = hashes(3, 16)
     writer = attached(make_backend(mla=True, tp_rank=0, tp_size=4), writer_pool)
-    assert writer.batch_set_v1(keys, writer_pool.indices([0, 1, 2])) == [True] * 3
+    assert writer.batch_set_v1(keys, sp.indices(writer_pool, [0, 1, 2])) == [True] * 3
     for rank in range(1, 4):
         pool = sp.mla_pool("page_first", 16, seed=rank + 10)
         reader = attached(make_backend(mla=True, tp_rank=rank, tp_size=4), pool)
-        assert reader.batch_get_v1(keys, pool.indices([5, 6, 7])) == [True] * 3
+        assert reader.batch_get_v1(keys, sp.indices(pool, [5, 6, 7])) == [True] * 3
         assert same_pages(writer_pool, [0, 1, 2], pool, [5, 6, 7]) == [True] * 3
         # A non-writer rank's backup that arrives anyway changes nothing.
-        assert reader.batch_set_v1(keys, pool.indices([0, 1, 2])) == [True] * 3
+        assert reader.batch_set_v1(keys, sp.indices(pool, [0, 1, 2])) == [True] * 3
 
 
 def test_dp_replicas_share_pages(make_backend):
@@ -157,8 +237,8 @@ def test_dp_replicas_share_pages(make_backend):
     replica0 = attached(make_backend(dp_rank=0, tp_rank=1, tp_size=2), pools[0])
     replica1 = attached(make_backend(dp_rank=1, tp_rank=1, tp_size=2), pools[1])
     keys = hashes(4, 16)
-    assert replica0.batch_set_v1(keys, pools[0].indices([0, 1, 2, 3])) == [True] * 4
-    assert replica1.batch_get_v1(keys, pools[1].indices([4, 5, 6, 7])) == [True] * 4
+    assert replica0.batch_set_v1(keys, sp.indices(pools[0], [0, 1, 2, 3])) == [True] * 4
+    assert replica1.batch_get_v1(keys, sp.indices(pools[1], [4, 5, 6, 7])) == [True] * 4
     assert same_pages(pools[0], [0, 1, 2, 3], pools[1], [4, 5, 6, 7]) == [True] * 4
 
 
@@ -166,7 +246,7 @@ def test_pipeline_stages_and_dtypes_do_not_mix(make_backend):
     pool = sp.mha_pool("page_first", 16)
     keys = hashes(2, 16)
     assert attached(make_backend(pp_rank=0, pp_size=2), pool).batch_set_v1(
-        keys, pool.indices([0, 1])) == [True, True]
+        keys, sp.indices(pool, [0, 1])) == [True, True]
     assert attached(make_backend(pp_rank=1, pp_size=2), pool).batch_exists(keys) == 0
     fp16 = sp.mha_pool("page_first", 16, dtype=torch.float16)
     assert attached(make_backend(pp_rank=0, pp_size=2), fp16).batch_exists(keys) == 0
@@ -178,7 +258,7 @@ def test_batch_exists_counts_the_leading_run(make_backend):
     pool = sp.mha_pool("page_first", 4)
     backend = attached(make_backend(), pool)
     keys = hashes(5, 4)
-    backend.batch_set_v1([keys[i] for i in (0, 1, 3, 4)], pool.indices([0, 1, 3, 4]))
+    backend.batch_set_v1([keys[i] for i in (0, 1, 3, 4)], sp.indices(pool, [0, 1, 3, 4]))
     assert backend.batch_exists(keys) == 2
     assert backend.batch_exists(keys[3:]) == 2
     assert backend.batch_exists([]) == 0
@@ -191,11 +271,11 @@ def test_one_request_per_server_per_call(server_factory):
     pool = sp.mha_pool("page_first", 1, pages=128)
     backend = attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}), pool)
     keys = hashes(64, 1)
-    calls = {("ops_put",): lambda: backend.batch_set_v1(keys, pool.indices(range(64))),
+    calls = {("ops_put",): lambda: backend.batch_set_v1(keys, sp.indices(pool, range(64))),
              ("ops_exists",): lambda: backend.batch_exists(keys),
              # Over shm a get is a LEASE (then its RELEASE), over tcp a GET.
              ("ops_get", "ops_lease"): lambda: backend.batch_get_v1(keys,
-                                                                   pool.indices(range(64, 128)))}
+                                                                   sp.indices(pool, range(64, 128)))}
 
     def requests(server, counters):
         stats = server.stats()
@@ -215,37 +295,32 @@ def test_existing_pages_count_as_stored(make_backend):
     pool = sp.mha_pool("page_first", 16)
     backend = attached(make_backend(), pool)
     keys = hashes(3, 16)
-    assert backend.batch_set_v1(keys[:2], pool.indices([0, 1])) == [True, True]
-    assert backend.batch_set_v1(keys, pool.indices([0, 1, 2])) == [True] * 3
+    assert backend.batch_set_v1(keys[:2], sp.indices(pool, [0, 1])) == [True, True]
+    assert backend.batch_set_v1(keys, sp.indices(pool, [0, 1, 2])) == [True] * 3
 
 
 def test_bad_calls_fail_soft(make_backend):
     pool = sp.mha_pool("page_first", 16)
     backend = make_backend()
     keys = hashes(2, 16)
-    assert backend.batch_get_v1(keys, pool.indices([0, 1])) == [False, False]   # no pool yet
+    assert backend.batch_get_v1(keys, sp.indices(pool, [0, 1])) == [False, False]   # no pool yet
     attached(backend, pool)
-    assert backend.batch_set_v1(keys, pool.indices([0])) == [False, False]     # short indices
+    assert backend.batch_set_v1(keys, sp.indices(pool, [0])) == [False, False]     # short indices
     assert backend.batch_get(keys, None) == [None, None]
     assert backend.batch_set(keys, [torch.zeros(3), torch.zeros(3)]) is False
     backend.close()
-    assert backend.batch_get_v1(keys, pool.indices([0, 1])) == [False, False]
+    assert backend.batch_get_v1(keys, sp.indices(pool, [0, 1])) == [False, False]
     assert backend.batch_exists(keys) == 0 and backend.clear() is False
 
 
-def test_clear_and_metrics(make_backend, monkeypatch):
-    # metrics_collector imports SGLang's GPU stack; its StorageMetrics is plain.
-    module = type(sys)("sglang.srt.observability.metrics_collector")
-    module.StorageMetrics = sp.sglang_definitions(
-        "srt/observability/metrics_collector.py", ["StorageMetrics"])["StorageMetrics"]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+def test_clear_and_metrics(make_backend):
     pool = sp.mha_pool("page_first", 16)
     backend = attached(make_backend(metrics=True), pool)
     keys = hashes(3, 16)
-    backend.batch_set_v1(keys, pool.indices([0, 1, 2]))
-    backend.batch_get_v1(keys, pool.indices([3, 4, 5]))
+    backend.batch_set_v1(keys, sp.indices(pool, [0, 1, 2]))
+    backend.batch_get_v1(keys, sp.indices(pool, [3, 4, 5]))
     stats = backend.get_stats()
-    assert isinstance(stats, module.StorageMetrics)
+    assert isinstance(stats, StorageMetrics)
     assert stats.backup_pgs == [3] and stats.prefetch_pgs == [3]
     assert stats.backup_bandwidth[0] > 0 and stats.prefetch_bandwidth[0] > 0
     assert backend.get_stats().prefetch_pgs == []                       # drained
@@ -262,13 +337,16 @@ def test_hybrid_sidecar_pools_are_refused_at_attach(make_backend):
 
 
 def test_packed_fp8_needs_the_logical_dtype(make_backend):
-    pool = sp.mha_pool("page_first", 16, dtype=torch.uint8)
+    """SGLang's host pool of an fp8 KV cache stores uint8: e4m3 and e5m2
+    pages look alike, so keys need the dtype from the extra config."""
+    pool = sp.mha_pool("page_first", 16, dtype=torch.float8_e4m3fn)
+    assert pool.dtype == torch.uint8
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         attached(make_backend(), pool)
     e4m3 = attached(make_backend(options={"kv_cache_dtype": "fp8_e4m3"}), pool)
     e5m2 = attached(make_backend(options={"kv_cache_dtype": "fp8_e5m2"}), pool)
     keys = hashes(1, 16)
-    assert e4m3.batch_set_v1(keys, pool.indices([0])) == [True]
+    assert e4m3.batch_set_v1(keys, sp.indices(pool, [0])) == [True]
     assert e5m2.batch_exists(keys) == 0
 
 
@@ -288,10 +366,8 @@ def test_dynamic_factory_builds_the_backend(server, source):
         extra = sp.extra_config(server.url)
     else:
         # SGLang's own parser of --hicache-storage-backend-extra-config @file
-        parse = sp.sglang_definitions("srt/mem_cache/hybrid_cache/hybrid_cache_controller.py",
-                                      ["parse_storage_backend_extra_config"],
-                                      "HybridCacheController")
-        extra = parse["parse_storage_backend_extra_config"]("@" + os.path.join(CONFIGS, source))[0]
+        extra = HybridCacheController.parse_storage_backend_extra_config(
+            "@" + os.path.join(CONFIGS, source))[0]
         extra["url"] = server.url
     pool = sp.mha_pool("page_first", 16)
     backend = StorageBackendFactory.create_backend(
@@ -299,7 +375,7 @@ def test_dynamic_factory_builds_the_backend(server, source):
     try:
         assert isinstance(backend, GdrkvHiCacheStorage)
         backend.register_mem_pool_host(pool)
-        assert backend.batch_set_v1(hashes(1, 16, salt=7), pool.indices([0])) == [True]
+        assert backend.batch_set_v1(hashes(1, 16, salt=7), sp.indices(pool, [0])) == [True]
     finally:
         backend.close()
 
@@ -311,7 +387,7 @@ def test_embedded_server_without_url():
     try:
         pool = backend.mem_pool_host
         keys = hashes(2, 16)
-        assert backend.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+        assert backend.batch_set_v1(keys, sp.indices(pool, [0, 1])) == [True, True]
         assert backend.batch_exists(keys) == 2
     finally:
         backend.close()
@@ -330,30 +406,41 @@ def test_server_killed_mid_prefetch_gives_short_hits(server_factory):
     pool = sp.mha_pool("page_first", 4, pages=64)
     backend = attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}), pool)
     keys = hashes(32, 4)
-    assert backend.batch_set_v1(keys, pool.indices(range(32))) == [True] * 32
+    assert backend.batch_set_v1(keys, sp.indices(pool, range(32))) == [True] * 32
 
-    slowest, errors, stop = [0.0], [], threading.Event()
+    slowest, stop = [0.0], threading.Event()
+    loops = [0, 0, 0]                   # completed loops per thread
+    lock = threading.Lock()
 
-    def prefetch():
-        while not stop.is_set():
-            start = time.monotonic()
-            try:
+    def prefetcher(n):
+        def prefetch():
+            while not stop.is_set():
+                start = time.monotonic()
+                # Any exception here fails the test (threads.running).
                 backend.batch_exists(keys)
-                backend.batch_get_v1(keys, pool.indices(range(32, 64)))
-            except Exception as e:          # noqa: BLE001 - the test is that none escape
-                errors.append(e)
-            slowest[0] = max(slowest[0], time.monotonic() - start)
+                backend.batch_get_v1(keys, sp.indices(pool, range(32, 64)))
+                with lock:
+                    slowest[0] = max(slowest[0], time.monotonic() - start)
+                    loops[n] += 1
+        return prefetch
 
-    with background(prefetch, prefetch, prefetch, timeout=10):
-        time.sleep(0.3)
+    def every_thread_looped(than):
+        with lock:
+            return all(n > m for n, m in zip(loops, than))
+
+    with threads.running(*(prefetcher(n) for n in range(3)), stop=stop, timeout=60):
+        wait_for(lambda: every_thread_looped([0, 0, 0]), 60, "prefetch loops")
         servers[1].kill()
-        time.sleep(1.5)
-        stop.set()
-    assert not errors
-    # Two bounded calls per loop (exists, get), with slack for a loaded machine.
-    assert slowest[0] < 2 * timeout_ms / 1000 + 1.5
+        with lock:
+            at_kill = list(loops)
+        # Each thread goes through whole loops against the dead server.
+        wait_for(lambda: every_thread_looped([n + 3 for n in at_kill]), 60,
+                 "prefetch loops after the kill")
+    # Two bounded calls per loop (exists, get); the slack is for a loaded
+    # machine (an unbounded call would hang until the test's timeout).
+    assert slowest[0] < 2 * timeout_ms / 1000 + 5
 
-    hits = backend.batch_get_v1(keys, pool.indices(range(32, 64)))
+    hits = backend.batch_get_v1(keys, sp.indices(pool, range(32, 64)))
     assert 0 < hits.count(True) < 32
     leading = hits.index(False)
     assert backend.batch_exists(keys) == leading
@@ -370,7 +457,7 @@ def test_concurrent_prefetch_and_backup_threads(make_backend):
         for batch in range(first, 128, 4):
             pages = list(range(batch * 2, batch * 2 + 2))
             keys = [f"{p:064x}" for p in pages]
-            if backend.batch_set_v1(keys, pool.indices(pages)) != [True, True]:
+            if backend.batch_set_v1(keys, sp.indices(pool, pages)) != [True, True]:
                 errors.append(("set", pages))
 
     def prefetch(first):
@@ -378,13 +465,13 @@ def test_concurrent_prefetch_and_backup_threads(make_backend):
         for batch in range(first, 64, 2):
             pages = list(range(batch * 2, batch * 2 + 2))
             slots = [128 + p for p in pages]
-            done = backend.batch_get_v1([f"{p:064x}" for p in pages], pool.indices(slots))
+            done = backend.batch_get_v1([f"{p:064x}" for p in pages], sp.indices(pool, slots))
             for page, slot, ok in zip(pages, slots, done):
-                if ok and pool.page_bytes(slot) != reference.page_bytes(page):
+                if ok and sp.page_bytes(pool, slot) != sp.page_bytes(reference, page):
                     errors.append(("get", page))
 
-    run_threads(*[functools.partial(backup, i) for i in range(4)],
-                *[functools.partial(prefetch, i) for i in range(2)], timeout=60)
+    threads.run(*(lambda i=i: backup(i) for i in range(4)),
+                *(lambda i=i: prefetch(i) for i in range(2)))
     assert not errors
     assert backend.batch_exists([f"{p:064x}" for p in range(128)]) == 128
 

@@ -1,0 +1,3 @@
+from torchvision import unavailable
+
+__getattr__ = unavailable(__name__)
