@@ -91,13 +91,10 @@ def test_sglang_model_is_tagged_with_the_pools_storage_format():
     pool's token-major pages are other bytes than a plain pool's); the
     adapter keys on that name, so the two never share pages."""
     engines.require("sglang")
+    engines.torchvision_stand_in()      # SGLang's config modules import it
     import sglang_pools
     from gdrkv.adapters.sglang_hicache.storage import key_scheme
-
-    # SGLang's own function, compiled from its source (importing its module
-    # needs GPU-only packages).
-    storage_model_name = sglang_pools.sglang_definitions(
-        "srt/managers/cache_controller.py", ["storage_model_name"])["storage_model_name"]
+    from sglang.srt.managers.cache_controller import storage_model_name
 
     class Pool:
         storage_format_tag = None
