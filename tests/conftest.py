@@ -127,11 +127,11 @@ def check_read(key, size, result, value, allowed_errors=(gdrkv.errors.E_NOT_FOUN
 
 
 @contextlib.contextmanager
-def background(*targets, timeout=60.0):
+def background(*targets, stop=None, timeout=60.0):
     """Runs each target in its own thread while the block runs; on leaving,
-    joins them all within timeout seconds, fails if one is still running
-    and re-raises the first exception a thread raised (pytest would only
-    warn about it)."""
+    sets the event stop (when given), joins them all within timeout
+    seconds, fails if one is still running and re-raises the first
+    exception a thread raised (pytest would only warn about it)."""
     errors = []
 
     def guarded(target):
@@ -145,12 +145,22 @@ def background(*targets, timeout=60.0):
     threads = [threading.Thread(target=guarded(t), daemon=True) for t in targets]
     for t in threads:
         t.start()
-    try:
-        yield threads
-    finally:
+
+    def finish():
+        if stop is not None:
+            stop.set()
         deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+    try:
+        yield threads
+    except BaseException as body_error:
+        finish()
+        if errors:                          # usually why the body failed too
+            raise errors[0] from body_error
+        raise
+    finish()
     hung = sum(t.is_alive() for t in threads)
     assert not hung, f"{hung} of {len(threads)} threads still running after {timeout} s"
     if errors:
@@ -190,6 +200,30 @@ def run_gdrkv(*args, env=None, timeout=60, drop=()):
     child_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "gdrkv", *args], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, env=child_env)
+
+
+CHILD_PRELUDE = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import gdrkv
+from gdrkv import errors
+ARGS = sys.argv[2:]
+"""
+
+
+def python_child(code, *args, env=None, timeout=120):
+    """Runs code in a child Python (after CHILD_PRELUDE: the tests folder
+    importable, gdrkv, numpy, errors, ARGS = args as strings) and returns
+    its stdout; it must exit 0. env adds variables: softverbs reads its
+    SOFTVERBS_* settings once per process, so a test that needs other ones
+    runs its client here."""
+    done = subprocess.run([sys.executable, "-c", CHILD_PRELUDE + code, os.path.dirname(__file__),
+                           *map(str, args)], env=dict(os.environ, **(env or {})),
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"child exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    return done.stdout
 
 
 def unique(prefix="t"):

@@ -26,8 +26,7 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
 
 import sglang_pools as sp  # noqa: E402
-import threads  # noqa: E402
-from conftest import unique, wait_for  # noqa: E402
+from conftest import background, run_threads, unique, wait_for  # noqa: E402
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
 
 SERVER_MEMORY = "256MiB"
@@ -416,7 +415,7 @@ def test_server_killed_mid_prefetch_gives_short_hits(server_factory):
         def prefetch():
             while not stop.is_set():
                 start = time.monotonic()
-                # Any exception here fails the test (threads.running).
+                # Any exception here fails the test (conftest.background).
                 backend.batch_exists(keys)
                 backend.batch_get_v1(keys, sp.indices(pool, range(32, 64)))
                 with lock:
@@ -428,7 +427,7 @@ def test_server_killed_mid_prefetch_gives_short_hits(server_factory):
         with lock:
             return all(n > m for n, m in zip(loops, than))
 
-    with threads.running(*(prefetcher(n) for n in range(3)), stop=stop, timeout=60):
+    with background(*(prefetcher(n) for n in range(3)), stop=stop, timeout=60):
         wait_for(lambda: every_thread_looped([0, 0, 0]), 60, "prefetch loops")
         servers[1].kill()
         with lock:
@@ -470,7 +469,7 @@ def test_concurrent_prefetch_and_backup_threads(make_backend):
                 if ok and sp.page_bytes(pool, slot) != sp.page_bytes(reference, page):
                     errors.append(("get", page))
 
-    threads.run(*(lambda i=i: backup(i) for i in range(4)),
+    run_threads(*(lambda i=i: backup(i) for i in range(4)),
                 *(lambda i=i: prefetch(i) for i in range(2)))
     assert not errors
     assert backend.batch_exists([f"{p:064x}" for p in range(128)]) == 128
