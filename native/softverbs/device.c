@@ -31,6 +31,16 @@ static long env_long(const char *name, long def, long lo, long hi)
     return v > hi ? hi : v;
 }
 
+/* A port MTU in bytes (256..4096, a power of two) as enum ibv_mtu; any
+ * other value leaves the default, 4096. */
+static int mtu_enum(long bytes)
+{
+    for (int m = IBV_MTU_256; m <= IBV_MTU_4096; m++)
+        if (bytes == 128L << m)
+            return m;
+    return IBV_MTU_4096;
+}
+
 static void config_load(void)
 {
     const char *ll = getenv("SOFTVERBS_LINK_LAYER");
@@ -40,6 +50,7 @@ static void config_load(void)
     config.max_qp_rd_atom = (int)env_long("SOFTVERBS_MAX_QP_RD_ATOM", 16, 1, 255);
     config.max_cqe = (int)env_long("SOFTVERBS_MAX_CQE", 65536, 1, 1 << 22);
     config.exec_delay_us = env_long("SOFTVERBS_EXEC_DELAY_US", 0, 0, 1000000);
+    config.active_mtu = mtu_enum(env_long("SOFTVERBS_MTU", 4096, 256, 4096));
     const char *mr = getenv("SOFTVERBS_MAX_MR_SIZE");
     char *end;
     unsigned long long v = mr && *mr ? strtoull(mr, &end, 0) : 0;
@@ -208,7 +219,7 @@ int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *
     memset(a, 0, sizeof *a);
     a->state = IBV_PORT_ACTIVE;
     a->max_mtu = IBV_MTU_4096;
-    a->active_mtu = IBV_MTU_4096;
+    a->active_mtu = (enum ibv_mtu)sv_config()->active_mtu;
     a->gid_tbl_len = sv_gid_count();
     a->port_cap_flags = eth ? IBV_PORT_IP_BASED_GIDS : 0;
     a->max_msg_sz = SV_MAX_MSG;

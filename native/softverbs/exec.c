@@ -109,6 +109,11 @@ static enum ibv_wc_status execute(struct sv_qp *qp, const struct sv_wr *w, size_
     if (st != IBV_WC_SUCCESS)
         return st;
     *byte_len = (uint32_t)total;
+    /* Both ends must agree on the path MTU: a packet longer than the
+     * receiver's is dropped and the requester retries until it gives up. */
+    unsigned smaller = qp->attr.path_mtu < rv.path_mtu ? qp->attr.path_mtu : rv.path_mtu;
+    if (qp->attr.path_mtu != rv.path_mtu && total > 128u << smaller)
+        return IBV_WC_RETRY_EXC_ERR;
     if (total == 0)                     /* a zero-length message names no remote memory */
         return IBV_WC_SUCCESS;
     struct sv_seg remote;

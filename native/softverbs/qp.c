@@ -228,7 +228,8 @@ static int check_values(const struct ibv_qp_attr *a, unsigned mask)
         (a->qp_access_flags & ~(unsigned)(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
         return -1;
-    if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096))
+    if ((mask & IBV_QP_PATH_MTU) &&
+        (a->path_mtu < IBV_MTU_256 || (int)a->path_mtu > cf->active_mtu))
         return -1;
     if ((mask & IBV_QP_DEST_QPN) && (a->dest_qp_num == 0 || a->dest_qp_num >> 24))
         return -1;
@@ -267,8 +268,10 @@ static void apply(struct sv_qp *qp, const struct ibv_qp_attr *a, unsigned mask)
     }
     if (mask & IBV_QP_AV)
         s->ah_attr = a->ah_attr;
-    if (mask & IBV_QP_PATH_MTU)
+    if (mask & IBV_QP_PATH_MTU) {
         s->path_mtu = a->path_mtu;
+        atomic_store(&e->path_mtu, a->path_mtu);
+    }
     if (mask & IBV_QP_DEST_QPN) {
         s->dest_qp_num = a->dest_qp_num;
         atomic_store(&e->remote_qpn, a->dest_qp_num);
@@ -299,6 +302,7 @@ static void reset(struct sv_qp *qp)
     struct sv_reg_qp *e = sv_reg_qp_slot(qp->slot);
     memset(&qp->attr, 0, sizeof qp->attr);
     atomic_store(&e->remote_qpn, 0);
+    atomic_store(&e->path_mtu, 0);
     atomic_store(&e->max_dest_rd_atomic, 0);
     atomic_store(&e->access, 0);
     qp->exec_seq = qp->post_seq;

@@ -216,6 +216,7 @@ uint32_t sv_reg_qp_publish(int slot, uint64_t pd_id)
     uint32_t gen = next_gen(&e->gen, (1u << (24 - SV_QP_SLOT_BITS)) - 1);
     atomic_store_explicit(&e->state, IBV_QPS_RESET, memory_order_relaxed);
     atomic_store_explicit(&e->remote_qpn, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->path_mtu, 0, memory_order_relaxed);
     atomic_store_explicit(&e->max_dest_rd_atomic, 0, memory_order_relaxed);
     atomic_store_explicit(&e->access, 0, memory_order_relaxed);
     atomic_store_explicit(&e->pd_id, pd_id, memory_order_relaxed);
@@ -248,6 +249,7 @@ int sv_reg_qp_get(uint32_t qpn, struct sv_qp_view *out)
     out->remote_qpn = atomic_load_explicit(&e->remote_qpn, memory_order_relaxed);
     out->max_dest_rd_atomic = atomic_load_explicit(&e->max_dest_rd_atomic, memory_order_relaxed);
     out->access = atomic_load_explicit(&e->access, memory_order_relaxed);
+    out->path_mtu = atomic_load_explicit(&e->path_mtu, memory_order_relaxed);
     out->pd_id = atomic_load_explicit(&e->pd_id, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire);
     return atomic_load_explicit(&e->qpn, memory_order_relaxed) == qpn ? 0 : -1;

@@ -7,7 +7,8 @@
  * libsoftverbs.so; gdrkv.softverbs.library_path() gives its path).
  *
  * What is emulated
- * - One device "softverbs0" with one ACTIVE port 1, MTU 4096. Link layer
+ * - One device "softverbs0" with one ACTIVE port 1, MTU 4096 (max) and an
+ *   active MTU of SOFTVERBS_MTU bytes (4096; 256..4096). Link layer
  *   InfiniBand (LID 1 + pid-derived, one GID) or, with
  *   SOFTVERBS_LINK_LAYER=ethernet, RoCE (LID 0, GID 0 fe80::/64 link-local,
  *   GID 1 ::ffff:127.0.0.1). Device limits from the environment:
@@ -49,14 +50,16 @@
  *   READ on a QP whose max_rd_atomic exceeds the responder's
  *   max_dest_rd_atomic -> IBV_WC_REM_INV_REQ_ERR; responder QP gone, its
  *   process dead, not in RTR/RTS, not connected back to this QP, or (IB) a
- *   DLID that is not the responder's LID -> IBV_WC_RETRY_EXC_ERR.
+ *   DLID that is not the responder's LID, or a message longer than the
+ *   smaller path MTU when the two QPs' path MTUs differ (the receiver
+ *   drops the oversized packets) -> IBV_WC_RETRY_EXC_ERR.
  *   After an error completion the QP is in ERR and every later WR completes
  *   IBV_WC_WR_FLUSH_ERR; error and flush completions are reported even for
  *   unsignalled WRs. vendor_err carries an errno where a system call failed.
  * - modify_qp: RESET->INIT->RTR->RTS (plus INIT->INIT, RTS->RTS, any->ERR,
  *   any->RESET) with exactly the required attr_mask bits and only the
  *   optional ones verbs allows; max_rd_atomic / max_dest_rd_atomic above
- *   max_qp_rd_atom, path_mtu above the port's, a missing GRH on Ethernet or
+ *   max_qp_rd_atom, path_mtu above the port's active MTU, a missing GRH on Ethernet or
  *   DLID on IB, bad port or pkey index -> EINVAL.
  * - CQ: more completions than its size -> overflow; poll_cq returns -1 from
  *   then on. Destroying a QP drops its unexecuted WRs and its completions.

@@ -33,6 +33,7 @@ struct sv_config {
     int link_ethernet;
     long exec_delay_us;     /* SOFTVERBS_EXEC_DELAY_US: a slow link, for tests that race it */
     int max_qp_wr, max_sge, max_qp_rd_atom, max_cqe;
+    int active_mtu;         /* enum ibv_mtu, from SOFTVERBS_MTU in bytes */
     uint64_t max_mr_size;
 };
 
@@ -61,7 +62,7 @@ struct sv_reg_qp {
     _Atomic uint32_t remote_qpn;
     _Atomic uint32_t max_dest_rd_atomic;
     _Atomic uint32_t access;            /* qp_access_flags */
-    uint32_t pad;
+    _Atomic uint32_t path_mtu;          /* enum ibv_mtu, 0 before RTR */
     _Atomic uint64_t pd_id;
 };
 
@@ -89,7 +90,7 @@ struct sv_mr_view {
 
 struct sv_qp_view {
     pid_t owner;
-    uint32_t state, remote_qpn, max_dest_rd_atomic, access;
+    uint32_t state, remote_qpn, max_dest_rd_atomic, access, path_mtu;
     uint64_t pd_id;
 };
 

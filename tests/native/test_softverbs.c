@@ -99,16 +99,22 @@ static int to_init(struct ibv_qp *qp, unsigned access)
                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
-static int to_rtr(struct ibv_qp *qp, uint32_t dest_qpn, uint16_t dlid, uint8_t max_dest_rd)
+static int to_rtr_mtu(struct ibv_qp *qp, uint32_t dest_qpn, uint16_t dlid, uint8_t max_dest_rd,
+                      enum ibv_mtu mtu)
 {
     struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = dest_qpn,
+        .qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = dest_qpn,
         .rq_psn = 7, .max_dest_rd_atomic = max_dest_rd, .min_rnr_timer = 12,
         .ah_attr = {.dlid = dlid, .port_num = 1},
     };
     return ibv_modify_qp(qp, &a,
                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int to_rtr(struct ibv_qp *qp, uint32_t dest_qpn, uint16_t dlid, uint8_t max_dest_rd)
+{
+    return to_rtr_mtu(qp, dest_qpn, dlid, max_dest_rd, IBV_MTU_4096);
 }
 
 static int to_rts(struct ibv_qp *qp, uint8_t max_rd)
@@ -958,19 +964,77 @@ static void test_ethernet_child(void)
     free(b);
 }
 
-static void test_ethernet(void)
+/* Runs this program again as `test_softverbs mode` with one more
+ * SOFTVERBS_* variable: the configuration is read once per process. */
+static void run_child(const char *mode, const char *name, const char *value)
 {
     fflush(NULL);
     pid_t pid = fork();
     CHECK(pid >= 0, "fork");
     if (pid == 0) {
-        setenv("SOFTVERBS_LINK_LAYER", "ethernet", 1);
-        execl("/proc/self/exe", "test_softverbs", "ethernet", (char *)NULL);
+        setenv(name, value, 1);
+        execl("/proc/self/exe", "test_softverbs", mode, (char *)NULL);
         _exit(127);
     }
     int status;
     CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "ethernet child: status %d", status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s child: status %d", mode, status);
+}
+
+static void test_ethernet(void)
+{
+    run_child("ethernet", "SOFTVERBS_LINK_LAYER", "ethernet");
+}
+
+/* SOFTVERBS_MTU=1024: the port says so, and a path MTU above it is refused. */
+static void test_port_mtu_child(void)
+{
+    struct ibv_context *ctx = open_dev();
+    struct ibv_port_attr pa;
+    CHECK_EQ(ibv_query_port(ctx, 1, &pa), 0);
+    CHECK_EQ(pa.active_mtu, IBV_MTU_1024);
+    CHECK_EQ(pa.max_mtu, IBV_MTU_4096);
+    CHECK_EQ(ibv_close_device(ctx), 0);
+    uint8_t *b = local_buf();
+    struct ep e;
+    ep_open(&e, &DEFAULT_OPTS, b, LSIZE, IBV_ACCESS_LOCAL_WRITE);
+    CHECK_EQ(to_init(e.qp, IBV_ACCESS_LOCAL_WRITE), 0);
+    CHECK_EQ(to_rtr_mtu(e.qp, e.qp->qp_num, e.lid, 4, IBV_MTU_2048), EINVAL);
+    CHECK_EQ(to_rtr_mtu(e.qp, e.qp->qp_num, e.lid, 4, IBV_MTU_1024), 0);
+    ep_close(&e);
+    free(b);
+}
+
+static void test_port_mtu(void)
+{
+    run_child("mtu", "SOFTVERBS_MTU", "1024");
+}
+
+/* Two QPs whose path MTUs differ: a message that fits the smaller one
+ * goes, a longer one is dropped by the receiver until the retries end. */
+static void test_path_mtu_mismatch(void)
+{
+    uint8_t *a = local_buf(), *b = local_buf();
+    struct ep x, y;
+    unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    ep_open(&x, &DEFAULT_OPTS, a, LSIZE, (int)all);
+    ep_open(&y, &DEFAULT_OPTS, b, LSIZE, (int)all);
+    CHECK_EQ(to_init(x.qp, all), 0);
+    CHECK_EQ(to_rtr_mtu(x.qp, y.qp->qp_num, y.lid, 4, IBV_MTU_4096), 0);
+    CHECK_EQ(to_rts(x.qp, 4), 0);
+    CHECK_EQ(to_init(y.qp, all), 0);
+    CHECK_EQ(to_rtr_mtu(y.qp, x.qp->qp_num, x.lid, 4, IBV_MTU_1024), 0);
+    CHECK_EQ(to_rts(y.qp, 4), 0);
+    CHECK_EQ(one(&x, IBV_WR_RDMA_READ, (uintptr_t)a, 1024, x.mr->lkey, (uintptr_t)b, y.mr->rkey),
+             IBV_WC_SUCCESS);
+    CHECK_EQ(one(&y, IBV_WR_RDMA_WRITE, (uintptr_t)b, 1025, y.mr->lkey, (uintptr_t)a, x.mr->rkey),
+             IBV_WC_RETRY_EXC_ERR);
+    CHECK_EQ(one(&x, IBV_WR_RDMA_READ, (uintptr_t)a, 1025, x.mr->lkey, (uintptr_t)b, y.mr->rkey),
+             IBV_WC_RETRY_EXC_ERR);
+    ep_close(&x);
+    ep_close(&y);
+    free(a);
+    free(b);
 }
 
 /* ------------------------------------------------------- verbs objects */
@@ -1313,6 +1377,10 @@ int main(int argc, char **argv)
         RUN(test_ethernet_child);
         return 0;
     }
+    if (argc == 2 && strcmp(argv[1], "mtu") == 0) {
+        RUN(test_port_mtu_child);
+        return 0;
+    }
     char dir[] = "/tmp/softverbs-test-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     setenv("SOFTVERBS_DIR", dir, 1);
@@ -1339,6 +1407,8 @@ int main(int argc, char **argv)
     RUN(test_destroy_drops);
     RUN(test_threads);
     RUN(test_ethernet);
+    RUN(test_port_mtu);
+    RUN(test_path_mtu_mismatch);
     RUN(test_modify_qp);
     RUN(test_create_checks);
 
