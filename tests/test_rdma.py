@@ -4,9 +4,6 @@ multi-segment object), negotiation, the pool split at the largest MR, and
 failures (an error completion, a server killed mid-batch, bad RDMA_HELLO
 frames). The round-trip and concurrency suites also run over rdma."""
 import ctypes
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,7 +12,7 @@ import pytest
 import gdrkv
 import wire
 from conftest import (SOFTVERBS, batch_get_bytes, batch_put_bytes, check_read, content, drain,
-                      stat, unique)
+                      python_child, stat, unique)
 from gdrkv import errors
 
 pytestmark = pytest.mark.skipif(SOFTVERBS is None, reason="built without softverbs "
@@ -182,14 +179,11 @@ def test_put_error_completion_commits_only_written_keys(server, make_client):
 
 
 KILL_MID_BATCH = """
-import os, signal, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-import gdrkv
+import signal, threading
 from conftest import batch_get_bytes, check_read
-from gdrkv import errors
 from test_rdma import counters
 
-url, ns, pid, n, size = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+url, ns, pid, n, size = ARGS[0], ARGS[1], int(ARGS[2]), int(ARGS[3]), int(ARGS[4])
 keys = [f"kill-{i}" for i in range(n)]
 client = gdrkv.Client(url, transport="rdma", namespace=ns, timeout_ms=10000, conns=4)
 outcome = {}
@@ -224,13 +218,10 @@ def test_server_killed_mid_batch(server_factory, make_client):
     keys = [f"kill-{i}" for i in range(n)]
     writer = rdma_client(make_client, victim, namespace=ns)
     assert batch_put_bytes(writer, keys, [content(k, size) for k in keys]) == [0] * n
-    env = dict(os.environ, SOFTVERBS_EXEC_DELAY_US="20000")
     victim.must_exit_cleanly = False        # the child kills it
-    out = subprocess.run([sys.executable, "-c", KILL_MID_BATCH, os.path.dirname(__file__),
-                          victim.url, ns, str(victim.proc.pid), str(n), str(size)],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout
-    landed = int(out.stdout.split()[-1])
+    out = python_child(KILL_MID_BATCH, victim.url, ns, victim.proc.pid, n, size,
+                       env={"SOFTVERBS_EXEC_DELAY_US": "20000"})
+    landed = int(out.split()[-1])
     assert 0 < landed < n, f"{landed} of {n} keys arrived: the kill was not mid-batch"
     victim.kill()                           # reaps it
     victim.restart()
@@ -297,11 +288,8 @@ def test_flush_read_follows_reads_that_need_it(server, make_client, monkeypatch)
 
 
 ROCE_CLIENT = r"""
-import os, sys
-import numpy as np
-import gdrkv
 from gdrkv._native import ffi, lib
-c = gdrkv.Client(sys.argv[1] + "?transport=rdma", namespace="roce", timeout_ms=10000)
+c = gdrkv.Client(ARGS[0] + "?transport=rdma", namespace="roce", timeout_ms=10000)
 src = np.frombuffer(os.urandom(64 * 8192), np.uint8).copy()
 dst = np.zeros_like(src)
 s, _ = c.register(src)
@@ -330,10 +318,8 @@ def test_roce_addresses_by_gid(server_factory, tmp_path, monkeypatch, v2_index):
         (types / "1").write_text("IB/RoCE v1\n")
         monkeypatch.setenv("GDRKV_SYSFS_ROOT", str(tmp_path))
     roce = server_factory("64MiB")
-    out = subprocess.run([sys.executable, "-c", ROCE_CLIENT, roce.url], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    report = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    out = python_child(ROCE_CLIENT, roce.url)
+    report = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     assert report["device.softverbs0.port.1.link_layer"] == "Ethernet"
     assert report["device.softverbs0.port.1.gid_index"] == str(1 if v2_index is None else 0)
 
@@ -357,13 +343,7 @@ def test_silent_server_costs_only_its_own_keys(server, fake_server, make_client)
 
 
 TIMED_OUT_READS = """
-import sys, time
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-import gdrkv
-from gdrkv import errors
-
-url, ns, n, size = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+url, ns, n, size = ARGS[0], ARGS[1], int(ARGS[2]), int(ARGS[3])
 keys = [f"late-{i}" for i in range(n)]
 client = gdrkv.Client(url, transport="rdma", namespace=ns, timeout_ms=300, conns=1)
 dest = np.full(n * size, 0x11, np.uint8)
@@ -396,12 +376,54 @@ def test_timed_out_reads_leave_no_late_dma(server_factory, make_client):
     keys = [f"late-{i}" for i in range(n)]
     writer = rdma_client(make_client, server, namespace=ns)
     assert batch_put_bytes(writer, keys, [content(k, size) for k in keys]) == [0] * n
-    env = dict(os.environ, SOFTVERBS_EXEC_DELAY_US="50000")
-    out = subprocess.run([sys.executable, "-c", TIMED_OUT_READS, os.path.dirname(__file__),
-                          server.url, ns, str(n), str(size)],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    took, landed_before_return = out.stdout.split()[-2:]
+    out = python_child(TIMED_OUT_READS, server.url, ns, n, size,
+                       env={"SOFTVERBS_EXEC_DELAY_US": "50000"})
+    took, landed_before_return = out.split()[-2:]
     # Timed out: some WRs ran (50 ms each) but far from all 32 in 300 ms.
     assert float(took) < 0.3 + 2.0, took
     assert 0 < int(landed_before_return) < n * size, landed_before_return
+
+
+LATE_WRITES = """
+from test_rdma import counters
+
+url, ns, n, size = ARGS[0], ARGS[1], int(ARGS[2]), int(ARGS[3])
+client = gdrkv.Client(url, transport="rdma", namespace=ns, timeout_ms=20000, conns=1)
+src = np.full(n * size, 0x5a, np.uint8)
+base, _ = client.register(src)
+results = client.batch_put([f"late-{i}" for i in range(n)],
+                           [base + i * size for i in range(n)], [size] * n)
+c = counters()
+print(" ".join(map(str, results)), "|", c.wrs_executed, c.error_completions)
+"""
+
+
+def test_expired_reservation_refuses_late_writes(server_factory, make_client):
+    """docs/protocol.md: when a reservation expires before its COMMIT, the
+    server moves the connection's QPs to the error state before it gives
+    the room back, so the client's WRITEs that were still to run are
+    refused by the NIC instead of landing in room another object may get.
+    The writer's softverbs runs each WR in 50 ms; the reservation lasts
+    100 ms (+8 ms for 8 MiB): the first WRITEs land, the later ones fail."""
+    server = server_factory("256MiB", args=["--lease-timeout-ms", "100"])
+    n, size = 8, 1 << 20
+    ns = unique("latew")
+    out = python_child(LATE_WRITES, server.url, ns, n, size,
+                       env={"SOFTVERBS_EXEC_DELAY_US": "50000"})
+    results, counts = out.strip().splitlines()[-1].split("|")
+    results = [int(r) for r in results.split()]
+    executed, error_completions = map(int, counts.split())
+    # The keys written in time fail at COMMIT (their reservation expired),
+    # the later ones at their WRITE: the responder's QPs were in error.
+    written = results.count(errors.E_TIMEOUT)
+    assert 0 < written < n, results
+    assert results == [errors.E_TIMEOUT] * written + [errors.E_UNAVAILABLE] * (n - written)
+    assert error_completions >= 1 and executed >= written, (executed, error_completions)
+    reader = rdma_client(make_client, server, namespace=ns)
+    assert reader.batch_sizes([f"late-{i}" for i in range(n)]) == [errors.E_NOT_FOUND] * n
+    stats = server.stats()
+    assert stat(stats, "shm_leases_expired") == 1      # leases and reservations
+    assert stat(stats, "reserved_objects") == 0
+    # The room was given back: the same 8 MiB is free for the next writer.
+    keys = [unique("after") for _ in range(n)]
+    assert batch_put_bytes(reader, keys, [content(k, size) for k in keys]) == [0] * n
