@@ -221,6 +221,39 @@ def test_client_refuses_hostile_lease_answers(tmp_path):
     assert server.ops.count(wire.OP_LEASE) == len(cases)
 
 
+# ---------------------------------------------------------------- seals
+
+@pytest.fixture
+def refuse_seals(tmp_path, monkeypatch):
+    """Servers started from now on run with fcntl(F_ADD_SEALS) failing, as
+    on a kernel without F_SEAL_FUTURE_WRITE (tests/native/refuse_seals.c)."""
+    shim = tmp_path / "refuse_seals.so"
+    source = os.path.join(os.path.dirname(__file__), "native", "refuse_seals.c")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), source, "-ldl"], check=True)
+    monkeypatch.setenv("LD_PRELOAD", f"{os.environ.get('LD_PRELOAD', '')} {shim}".strip())
+
+
+def test_unsealable_pool_serves_tcp_only(refuse_seals, server_factory, make_client):
+    """docs/transports.md: when the kernel refuses the seals the server logs
+    why and serves tcp only; an `auto` client gets its bytes over tcp."""
+    server = server_factory()
+    assert "cannot seal the memfd" in open(server.log_path).read()
+    assert stat(server.stats(), "shm_enabled") == 0
+    assert server.unix_path is None          # it announced no socket
+    client = make_client(server.url, namespace=unique("noseal"))
+    keys = [unique("k") for _ in range(16)]
+    values = [content(k, 65536) for k in keys]
+    assert [client.put(k, v) for k, v in zip(keys, values)] == [None] * 16
+    assert [client.get(k) for k in keys] == values
+    assert client.stats()["client"]["shm_connects"] == 0
+
+
+def test_unsealable_pool_refuses_an_asked_unix_path(refuse_seals, server_factory, tmp_path):
+    """Asked for a unix socket it can't serve, the server does not start."""
+    with pytest.raises(RuntimeError, match="the pool can't be shared"):
+        server_factory(args=["--unix-path", str(tmp_path / "s.sock")])
+
+
 # ---------------------------------------------------------------- auto
 
 def test_auto_falls_back_to_tcp_when_hello_fails_and_tries_shm_again(
