@@ -8,7 +8,8 @@
  *
  * With clang -fsanitize=fuzzer -DGK_LIBFUZZER, libFuzzer drives the target
  * instead. A target defines FUZZ_NAME, LLVMFuzzerTestOneInput, and for the
- * driver make_valid(buf, cap) and mutate(buf, len, cap).
+ * driver make_valid(buf, cap) and mutate_once(buf, len, cap): its own
+ * mutations, falling back to mutate_bytes for the generic ones.
  */
 #ifndef GDRKV_FUZZ_DRIVER_H
 #define GDRKV_FUZZ_DRIVER_H
@@ -43,7 +44,34 @@ static uint64_t rnd(void)
 }
 
 static size_t make_valid(uint8_t *buf, size_t cap);
-static size_t mutate(uint8_t *buf, size_t len, size_t cap);
+static size_t mutate_once(uint8_t *buf, size_t len, size_t cap);
+
+/* The mutations any byte stream gets: flip a byte, truncate, append. */
+static size_t mutate_bytes(uint8_t *buf, size_t len, size_t cap)
+{
+    switch (rnd() % 3) {
+    case 0:
+        if (len)
+            buf[rnd() % len] ^= (uint8_t)(1 + rnd() % 255);
+        break;
+    case 1:
+        if (len)
+            len = rnd() % len;
+        break;
+    default:
+        while (len < cap && rnd() % 8)
+            buf[len++] = (uint8_t)rnd();
+        break;
+    }
+    return len;
+}
+
+static size_t mutate(uint8_t *buf, size_t len, size_t cap)
+{
+    for (int rounds = 1 + (int)(rnd() % 4); rounds > 0; rounds--)
+        len = mutate_once(buf, len, cap);
+    return len;
+}
 
 /* One input in eight is random bytes; the others are well formed, and
  * mutated with odds mutate_in (1 in mutate_in is left intact). */

@@ -168,30 +168,14 @@ static size_t make_valid(uint8_t *buf, size_t cap)
     return len;
 }
 
-static size_t mutate(uint8_t *buf, size_t len, size_t cap)
+static size_t mutate_once(uint8_t *buf, size_t len, size_t cap)
 {
-    int rounds = 1 + (int)(rnd() % 4);
-    for (int r = 0; r < rounds; r++) {
-        switch (rnd() % 4) {
-        case 0: /* flip a byte */
-            if (len) buf[rnd() % len] ^= (uint8_t)(1 + rnd() % 255);
-            break;
-        case 1: /* truncate */
-            if (len) len = rnd() % len;
-            break;
-        case 2: /* an interesting 64-bit value: offsets and lengths that wrap */
-            if (len >= 8) {
-                static const uint64_t vals[] = {0, 1, UINT64_MAX, UINT64_MAX - 7, 1ull << 63,
-                                                0xffffffffu, 1u << 20, (1u << 20) - 1};
-                gk_store64(buf + rnd() % (len - 7), vals[rnd() % GK_ARRAY_LEN(vals)]);
-            }
-            break;
-        default: /* append random bytes */
-            while (len < cap && rnd() % 8)
-                buf[len++] = (uint8_t)rnd();
-            break;
-        }
-    }
+    if (rnd() % 4 || len < 8)
+        return mutate_bytes(buf, len, cap);
+    /* An interesting 64-bit value: offsets and lengths that wrap. */
+    static const uint64_t vals[] = {0, 1, UINT64_MAX, UINT64_MAX - 7, 1ull << 63,
+                                    0xffffffffu, 1u << 20, (1u << 20) - 1};
+    gk_store64(buf + rnd() % (len - 7), vals[rnd() % GK_ARRAY_LEN(vals)]);
     return len;
 }
 
