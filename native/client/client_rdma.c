@@ -9,12 +9,16 @@
 #include <string.h>
 
 #include "client_chunks.h"
+#include "client_gpu.h"
 #include "common/common.h"
 #include "common/grow.h"
-#include "client_gpu.h"
-#include "gdrkv.h"
 #include "common/log.h"
 #include "common/protocol.h"
+#include "common/stats.h"
+#include "gdrkv.h"
+#include "rdma/rdma_dev.h"
+#include "rdma/rdma_mr.h"
+#include "rdma/rdma_qp.h"
 
 static uint32_t env_u32(const char *name, uint32_t dflt, uint32_t lo, uint32_t hi)
 {
@@ -40,12 +44,6 @@ int client_rdma_init(struct client_rdma *r)
         return GDRKV_E_INTERNAL;
     return 0;
 }
-
-#include "rdma/rdma_dev.h"
-#include "rdma/rdma_mr.h"
-#include "rdma/rdma_qp.h"
-
-/* ------------------------------------------------------------ flush READs */
 
 /* ------------------------------------------------------------ device, MRs */
 
@@ -294,7 +292,7 @@ int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch 
     }
     pthread_mutex_unlock(&r->lock);
     if (!ok)
-        __atomic_fetch_add(&r->fallback_frames, 1, __ATOMIC_RELAXED);
+        gk_counter_add(&r->fallback_frames, 1);
     return ok;
 }
 
@@ -429,12 +427,12 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
         }
     }
     if (flush)
-        __atomic_fetch_add(&r->flush_reads, flush->done + (flush->done < flush->n), __ATOMIC_RELAXED);
-    __atomic_fetch_add(opcode == IBV_WR_RDMA_READ ? &r->read_frames : &r->write_frames, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->work_requests, st.wrs, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->doorbells, st.posts, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->completions, st.completions, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->bytes, st.bytes, __ATOMIC_RELAXED);
+        gk_counter_add(&r->flush_reads, flush->done + (flush->done < flush->n));
+    gk_counter_add(opcode == IBV_WR_RDMA_READ ? &r->read_frames : &r->write_frames, 1);
+    gk_counter_add(&r->work_requests, st.wrs);
+    gk_counter_add(&r->doorbells, st.posts);
+    gk_counter_add(&r->completions, st.completions);
+    gk_counter_add(&r->bytes, st.bytes);
     return err;
 }
 

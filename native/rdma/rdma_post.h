@@ -1,7 +1,7 @@
 /*
  * rdma_post.h - moving one frame's pieces with one-sided RDMA: READs from
  * the server's pool into the caller's memory (GET) or WRITEs the other way
- * (PUT), the verbs techniques of ANCHORS.md applied:
+ * (PUT), with the verbs techniques that make small objects fast:
  *
  *   - a piece whose remote bytes continue the previous piece's becomes one
  *     more SGE of the same work request (an object chunk spread over
