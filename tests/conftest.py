@@ -309,8 +309,17 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
+    @property
+    def token(self):
+        """The bytes of its --auth-token-file, or None."""
+        args = list(self.args)
+        if "--auth-token-file" not in args:
+            return None
+        with open(args[args.index("--auth-token-file") + 1], "rb") as f:
+            return f.read().rstrip()
+
     def stats(self):
-        return wire.server_stats(self.address)
+        return wire.server_stats(self.address, token=self.token)
 
     def kill(self):
         """SIGKILL, as a crash would; teardown then expects it dead."""

@@ -343,6 +343,27 @@ def test_several_plugin_instances(server_factory, make_worker):
         obj.ref_count_down()
 
 
+def test_authenticated_server(server_factory, make_worker, tmp_path):
+    """A server with a token, reached with token_file in the plugin's url:
+    LMCache stores and loads through it; without the token it gets nothing
+    (the chunks miss) and the server stored nothing for it."""
+    token = tmp_path / "token"
+    token.write_text("lmcache-test-token-0123456789\n")
+    token.chmod(0o600)
+    store = server_factory(args=["--auth-token-file", str(token)])
+    worker = make_worker(f"{store.url}?token_file={token}")
+    chunks = worker.store(tokens(2 * CHUNK_TOKENS))
+    keys = [key for key, _ in chunks]
+    assert worker.remote().batched_contains(keys) == 2
+    for obj, (key, ntokens) in zip(worker.remote().batched_get_blocking(keys), chunks):
+        check_chunk(obj, key, ntokens, worker.metadata)
+        obj.ref_count_down()
+    stranger = make_worker(store.url, model=worker.metadata.model_name)
+    assert stranger.remote().batched_contains(keys) == 0
+    stranger.store(tokens(CHUNK_TOKENS))
+    assert store.stats()["objects"] == 2 and store.stats()["auth_denied"] >= 1
+
+
 def test_environment_form(server, loop, monkeypatch):
     monkeypatch.setenv("LMCACHE_CHUNK_SIZE", str(CHUNK_TOKENS))
     monkeypatch.setenv("LMCACHE_LOCAL_CPU", "False")

@@ -64,6 +64,40 @@ def same_pages(a, a_pages, b, b_pages):
     return [sp.page_bytes(a, p) == sp.page_bytes(b, q) for p, q in zip(a_pages, b_pages)]
 
 
+def test_authenticated_server(server_factory, tmp_path):
+    """An authenticated deployment: the extra config's token_file reaches
+    gdrkv.Client; the pages round-trip. A backend without it stores and
+    reads nothing."""
+    token = tmp_path / "token"
+    token.write_text("sglang-test-token-0123456789\n")
+    token.chmod(0o600)
+    store = server_factory(args=["--auth-token-file", str(token)])
+    namespace = unique("auth")
+    pools = [sp.make_pool("mha", sp.MHA_LAYOUTS[0], 16, seed=s) for s in (1, 2)]
+
+    def backend(**options):
+        extra = sp.extra_config(store.url, namespace=namespace, timeout_ms=3000, **options)
+        return attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}),
+                        pools[len(made)])
+
+    made = []
+    made.append(backend(token_file=str(token)))
+    made.append(backend())
+    try:
+        writer, stranger = made
+        keys = hashes(4, 16)
+        assert writer.batch_set_v1(keys, sp.indices(pools[0], [1, 2, 3, 4])) == [True] * 4
+        assert writer.batch_exists(keys) == 4
+        assert stranger.batch_exists(keys) == 0
+        assert stranger.batch_get_v1(keys, sp.indices(pools[1], [1, 2, 3, 4])) == [False] * 4
+        assert stranger.batch_set_v1(hashes(2, 16, salt=9),
+                                     sp.indices(pools[1], [5, 6])) == [False] * 2
+        assert store.stats()["objects"] == 4 and store.stats()["auth_denied"] >= 1
+    finally:
+        for b in made:
+            b.close()
+
+
 # ---------------------------------------------------------------- layouts
 
 LAYOUTS = ([("mha", layout) for layout in sp.MHA_LAYOUTS]

@@ -4,6 +4,9 @@ Only the raw-socket tests use it: to send frames the real client never
 sends (malformed, truncated, read slowly) and to play fake servers. It is
 deliberately independent of the C codec so the two check each other.
 """
+import hashlib
+import hmac
+import os
 import socket
 import struct
 import time
@@ -35,7 +38,9 @@ OP_RELEASE = 10
 OP_RDMA_HELLO = 11  # rdma transport: QPs for the connection
 OP_RESERVE = 12
 OP_COMMIT = 13
+OP_AUTH = 14        # before anything else, on a server with a token
 OP_RESPONSE = 0x80
+AUTH_NONCE_SIZE = 32
 LEASE_OBJ_SIZE = 8
 LEASE_CHUNK_SIZE = 16
 
@@ -100,6 +105,18 @@ def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
     hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
                  payload_len=len(payload), req_id=req_id)
     return hdr.pack() + body + payload
+
+
+def auth_request(body, req_id=1):
+    """An AUTH frame: the client's nonce, or its proof (32 bytes each)."""
+    return Header(opcode=OP_AUTH, body_len=len(body), req_id=req_id).pack() + body
+
+
+def auth_proof(token, role, client_nonce, server_nonce):
+    """docs/protocol.md's proof, HMAC-SHA256 over a label and both nonces,
+    computed here with Python's hmac: an implementation apart from the C one."""
+    label = b"gdrkv-auth-1 " + role.encode()
+    return hmac.new(token, label + client_nonce + server_nonce, hashlib.sha256).digest()
 
 
 def encode_results(results):
@@ -184,6 +201,20 @@ class Conn:
         results = body if opcode == OP_STATS or hdr.status else decode_results(body)
         return hdr, results, payload
 
+    def authenticate(self, token):
+        """The handshake with the token's bytes; returns the final answer's
+        header (status 0 when the server accepted the proof). Raises
+        AssertionError when the server's own proof is wrong."""
+        client_nonce = os.urandom(AUTH_NONCE_SIZE)
+        self.send(auth_request(client_nonce, req_id=1))
+        hdr, body, _ = self.read_frame()
+        assert hdr.status == 0 and len(body) == 2 * AUTH_NONCE_SIZE, (hdr, body)
+        server_nonce, server_proof = body[:AUTH_NONCE_SIZE], body[AUTH_NONCE_SIZE:]
+        assert server_proof == auth_proof(token, "server", client_nonce, server_nonce)
+        self.send(auth_request(auth_proof(token, "client", client_nonce, server_nonce), req_id=2))
+        hdr, _, _ = self.read_frame()
+        return hdr
+
     def wait_closed(self, timeout):
         """True when the peer closes the connection within timeout seconds
         (whatever it sends before is discarded), False if it stays open."""
@@ -264,9 +295,12 @@ def parse_stats(text):
     return out
 
 
-def server_stats(address, timeout=5.0):
-    """A server's counters over its own STATS request, without gdrkv.Client."""
+def server_stats(address, timeout=5.0, token=None):
+    """A server's counters over its own STATS request, without gdrkv.Client
+    (after the handshake when the server has a token)."""
     with connect(address, timeout) as conn:
+        if token is not None:
+            assert conn.authenticate(token).status == 0
         hdr, body, _ = conn.call(OP_STATS)
         if hdr.status:
             raise RuntimeError(f"STATS answered status {hdr.status}: {body!r}")

@@ -107,7 +107,8 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
     }
 
     struct client_server *s = &c->servers[c->nservers];
-    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts, c->rdma);
+    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts, c->rdma,
+                                c->token.len ? &c->token : NULL);
     if (rc == GDRKV_E_INVALID && unix_path)
         return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
                           "reach it (shm and auto can)", text,
@@ -163,6 +164,15 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
         goto no_rdma;
     c->opts = *opts;
     c->opts.servers = NULL;
+    c->opts.token_file = NULL;
+    const char *token_file = opts->token_file ? opts->token_file : getenv("GDRKV_TOKEN_FILE");
+    if (token_file && *token_file) {
+        rc = gk_token_load(token_file, 0, &c->token, err, errlen);
+        if (rc) {
+            gdrkv_client_close(c);
+            return rc;
+        }
+    }
     snprintf(c->ns_name, sizeof c->ns_name, "%s", opts->ns ? opts->ns : "");
     c->opts.ns = c->ns_name;
     c->ns.name = (const uint8_t *)c->ns_name;

@@ -31,6 +31,7 @@
 /* One server's part in a call. */
 struct server_share {
     int admitted;
+    int refusal;            /* not admitted: the error its keys get */
     uint32_t count;         /* keys it gets */
     uint64_t key_bytes;
     uint32_t fill_pos;      /* where its next key is gathered */
@@ -284,7 +285,7 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
 
     for (uint32_t s = 0; s < c->nservers; s++) {
         struct server_share *sh = &shares[s];
-        if (sh->count && !client_server_admit(&c->servers[s], now)) {
+        if (sh->count && (sh->refusal = client_server_admit(&c->servers[s], now))) {
             refused += sh->count;
             sh->count = 0;
             sh->key_bytes = 0;
@@ -310,7 +311,7 @@ static void gather_keys(const struct client_keys *k, const struct key_tables *t,
     for (uint32_t i = 0; i < k->n; i++) {
         uint32_t s = t->server[i];
         if (s != NO_SERVER && !t->shares[s].admitted) {
-            k->results[i] = GDRKV_E_UNAVAILABLE;
+            k->results[i] = t->shares[s].refusal;
         } else if (s != NO_SERVER) {
             struct server_share *sh = &t->shares[s];
             uint32_t p = sh->fill_pos++;
@@ -423,9 +424,10 @@ int client_server_call(struct gdrkv_client *c, uint8_t op, uint32_t first, uint3
     if (!shares)
         return GDRKV_E_INTERNAL;
     for (uint32_t s = first; s < first + count; s++) {
-        shares[s].admitted = client_server_admit(&c->servers[s], start);
+        int refusal = client_server_admit(&c->servers[s], start);
+        shares[s].admitted = !refusal;
         /* An admitted server's frame overwrites this, unless planning fails. */
-        results[s - first] = shares[s].admitted ? GDRKV_E_INTERNAL : GDRKV_E_UNAVAILABLE;
+        results[s - first] = refusal ? refusal : GDRKV_E_INTERNAL;
     }
     int rc = plan(c, &call, shares);
     if (rc == 0) {

@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "client_auth.h"
 #include "client_rdma.h"
 #include "client_shm.h"
 #include "common/common.h"
@@ -25,11 +26,15 @@
 #include "client_gpu.h"
 #include "common/log.h"
 
+/* Why a server that answers DENIED is down for us. */
+#define DENIED_WHY "it serves only clients holding its token (token_file=)"
+
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
 /* The socket: the endpoint's unix socket with its pool mapped, where it
- * has one that answers; else tcp, unless the endpoint is shm only. */
+ * has one that answers; else tcp, unless the endpoint is shm only. With a
+ * token, either is authenticated before anything else goes on it. */
 static int open_socket(struct client_endpoint *ep, uint64_t deadline_ns,
                        struct client_pool **pool)
 {
@@ -41,8 +46,15 @@ static int open_socket(struct client_endpoint *ep, uint64_t deadline_ns,
             GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
                      gdrkv_strerror(fd));
     }
-    if (fd < 0 && !ep->shm_only)
+    /* A server that denied us over shm would deny us over tcp too. */
+    if (fd < 0 && fd != GDRKV_E_DENIED && !ep->shm_only) {
         fd = gk_connect_tcp(&ep->addr, deadline_ns);
+        int rc = fd >= 0 && ep->token ? client_auth(fd, ep->token, ep->name, deadline_ns) : 0;
+        if (rc) {
+            close(fd);
+            fd = rc;
+        }
+    }
     return fd;
 }
 
@@ -488,6 +500,13 @@ static int take_request_answer(struct client_conn *c)
     GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(c->batch->opcode),
              gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
              (const char *)c->body);
+    /* Denied: the server wants a token we lack. That is the server's
+     * health, not this frame's: it fails the connection and short-circuits
+     * the server like any failure, with the reason in the log. */
+    if (h->status == GDRKV_E_DENIED) {
+        c->why = DENIED_WHY;
+        return GDRKV_E_DENIED;
+    }
     client_frame_fail(c->batch, c->frame, h->status);
     return 0;
 }
@@ -687,6 +706,10 @@ static int take_commit(struct client_conn *c)
  * plain tcp one; under transport rdma it fails. Then the frame begins. */
 static int take_hello(struct client_conn *c)
 {
+    if (c->resp.status == GDRKV_E_DENIED) {
+        c->why = DENIED_WHY;
+        return GDRKV_E_DENIED;
+    }
     int rc = client_rdma_conn_answer(c->rdma, c->resp.status, c->body, c->resp.body_len);
     c->hello_pending = 0;
     if (rc && c->rdma_only) {

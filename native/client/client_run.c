@@ -25,6 +25,8 @@ static void count_failure(struct gdrkv_client *c, int err, uint64_t n)
         gk_counter_add(&c->counters.errors_unavailable, n);
     else if (err == GDRKV_E_PROTOCOL)
         gk_counter_add(&c->counters.errors_protocol, n);
+    else if (err == GDRKV_E_DENIED)
+        gk_counter_add(&c->counters.errors_denied, n);
 }
 
 /* Fails the frames of j not yet answered and closes its connection: after
@@ -78,8 +80,10 @@ static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t
                  * the server is unreachable rather than slow. */
                 if (err == GDRKV_E_TIMEOUT && gk_now_ns() < call->deadline_ns)
                     err = GDRKV_E_UNAVAILABLE;
+                const char *why = err == GDRKV_E_DENIED ? "authentication failed (token_file)"
+                                                        : "connect failed";
                 for (uint32_t k = first; k < end; k++)
-                    fail_job(c, call, &call->jobs[k], err, "connect failed");
+                    fail_job(c, call, &call->jobs[k], err, why);
                 return;
             }
             gk_counter_add(&c->counters.connects, 1);

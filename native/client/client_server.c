@@ -86,12 +86,13 @@ static int endpoint_init(struct client_endpoint *ep, const struct gk_addr *addr,
 
 int client_server_init(struct client_server *s, const struct gk_addr *addr,
                        const char *unix_path, const gdrkv_client_opts *opts,
-                       struct client_rdma *rdma)
+                       struct client_rdma *rdma, const struct gk_token *token)
 {
     memset(s, 0, sizeof *s);
     int rc = endpoint_init(&s->ep, addr, unix_path, opts->transport, rdma);
     if (rc)
         return rc;
+    s->ep.token = token;
     s->seed = route_server_seed(s->ep.name);
     /* Room for the connections of a couple of concurrent striped calls, so
      * threads sharing a client don't reconnect on every call. */
@@ -133,18 +134,19 @@ void client_server_destroy(struct client_server *s)
 
 int client_server_admit(struct client_server *s, uint64_t now_ns)
 {
-    int admitted = 1;
+    int refused = 0;
 
     pthread_mutex_lock(&s->lock);
     if (s->health != CLIENT_SERVER_UP) {
-        admitted = now_ns >= s->retry_at_ns;
-        if (admitted) {
+        if (now_ns >= s->retry_at_ns) {
             s->health = CLIENT_SERVER_PROBE;
             s->retry_at_ns = now_ns + s->probe_ns;
+        } else {
+            refused = s->down_err;
         }
     }
     pthread_mutex_unlock(&s->lock);
-    return admitted;
+    return refused;
 }
 
 int client_server_is_down(struct client_server *s)
@@ -198,6 +200,8 @@ void client_server_report(struct client_server *s, int err, const char *why)
             GK_DEBUG("server %s still down (%s): next retry in %llu ms", s->ep.name, why,
                      (unsigned long long)s->backoff_ms);
         }
+        /* Keys short-circuited later say why, when it is not mere absence. */
+        s->down_err = err == GDRKV_E_DENIED ? err : GDRKV_E_UNAVAILABLE;
         if (s->health != CLIENT_SERVER_DOWN) {
             s->health = CLIENT_SERVER_DOWN;
             s->retry_at_ns = gk_now_ns() + s->backoff_ms * 1000000u;

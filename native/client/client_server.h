@@ -4,7 +4,8 @@
  * its health.
  *
  * Health is a small state machine. UP: calls go through. DOWN: calls fail
- * its keys at once (GDRKV_E_UNAVAILABLE, no syscall) until retry_at; the
+ * its keys at once (GDRKV_E_UNAVAILABLE, or GDRKV_E_DENIED when that is
+ * why it went down; no syscall) until retry_at; the
  * first call after that becomes the PROBE (half-open) while others keep
  * failing fast; the probe's success brings the server UP, its failure
  * puts it DOWN again with twice the delay, up to backoff_max_ms.
@@ -35,19 +36,22 @@ struct client_server {
     uint64_t backoff_ms;            /* length of the current or last DOWN period */
     uint64_t backoff_min_ms, backoff_max_ms;
     uint64_t probe_ns;
+    int down_err;                   /* what short-circuited keys get while DOWN */
 };
 
 /* Sets up server s for the address (ep.name gets its canonical text), or
  * for the unix socket at unix_path when that is not NULL; rdma is the
- * client's, used where the transport asks for it. Returns 0,
- * GDRKV_E_INVALID (a transport that can't reach the server: shm to one
- * that is not local, tcp or rdma to a unix socket) or GDRKV_E_INTERNAL. */
+ * client's, used where the transport asks for it; token (the client's, or
+ * NULL) authenticates every new connection. Returns 0, GDRKV_E_INVALID (a
+ * transport that can't reach the server: shm to one that is not local, tcp
+ * or rdma to a unix socket) or GDRKV_E_INTERNAL. */
 int client_server_init(struct client_server *s, const struct gk_addr *addr,
                        const char *unix_path, const gdrkv_client_opts *opts,
-                       struct client_rdma *rdma);
+                       struct client_rdma *rdma, const struct gk_token *token);
 void client_server_destroy(struct client_server *s);
 
-/* Whether a call may send to s now (see the state machine above). */
+/* 0 when a call may send to s now (see the state machine above), else
+ * the error its keys fail with. */
 int client_server_admit(struct client_server *s, uint64_t now_ns);
 int client_server_is_down(struct client_server *s);
 

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client_auth.h"
 #include "client_chunks.h"
 #include "common/common.h"
 #include "gdrkv.h"
@@ -32,17 +33,6 @@ void client_pool_put(struct client_pool *p)
     }
 }
 
-/* Waits for fd to have bytes, until the deadline. */
-static int wait_readable(int fd, uint64_t deadline_ns)
-{
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int n;
-    do
-        n = poll(&pfd, 1, gk_poll_ms_left(deadline_ns));
-    while (n < 0 && errno == EINTR);
-    return n > 0 ? 0 : n == 0 ? GDRKV_E_TIMEOUT : GDRKV_E_UNAVAILABLE;
-}
-
 /* Receives exactly len bytes; the first recvmsg may carry a descriptor,
  * which lands in *passed (closed again if a second one comes). */
 static int recv_exact(int fd, uint8_t *buf, size_t len, int *passed, uint64_t deadline_ns)
@@ -58,7 +48,7 @@ static int recv_exact(int fd, uint8_t *buf, size_t len, int *passed, uint64_t de
                              .msg_control = control.buf, .msg_controllen = sizeof control.buf};
         ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            int rc = wait_readable(fd, deadline_ns);
+            int rc = gk_wait_fd(fd, POLLIN, deadline_ns);
             if (rc)
                 return rc;
             continue;
@@ -97,7 +87,10 @@ static int hello(int fd, uint64_t deadline_ns, uint64_t *size)
         gk_hdr_decode(buf, &h);
         if (h.magic != GK_MAGIC || h.opcode != (GK_OP_HELLO | GK_OP_RESPONSE) ||
             h.status != 0 || h.count != 1 || h.body_len != GK_RESULT_SIZE || h.payload_len)
-            rc = h.status < 0 ? GDRKV_E_UNAVAILABLE : GDRKV_E_PROTOCOL;   /* refused: no shm */
+            /* Refused: no shm; denied: no token, and no tcp either. */
+            rc = h.status == GDRKV_E_DENIED ? GDRKV_E_DENIED
+                 : h.status < 0             ? GDRKV_E_UNAVAILABLE
+                                            : GDRKV_E_PROTOCOL;
     }
     if (rc == 0)
         rc = recv_exact(fd, body, sizeof body, &pool_fd, deadline_ns);
@@ -167,6 +160,11 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
     int fd = gk_connect_unix(ep->unix_path);
     if (fd < 0)
         return fd;
+    int rc = ep->token ? client_auth(fd, ep->token, ep->name, deadline_ns) : 0;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     int pool_fd = hello(fd, deadline_ns, &size);
     if (pool_fd < 0) {
         close(fd);

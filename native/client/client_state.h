@@ -25,8 +25,9 @@
 
 #include "client_copy.h"
 #include "client_regions.h"
-#include "gdrkv.h"
+#include "common/auth.h"
 #include "common/net.h"
+#include "gdrkv.h"
 #include "common/protocol.h"
 #include "common/stats.h"
 
@@ -49,6 +50,7 @@ struct gpu_call;
     OWN(errors_timeout)             /* keys (or keyless frames) failed by each error */         \
     OWN(errors_unavailable)                                                                     \
     OWN(errors_protocol)                                                                        \
+    OWN(errors_denied)                                                                          \
     OWN(connects)                   /* connections opened */                                    \
     OWN(connect_failures)                                                                       \
     OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
@@ -93,6 +95,7 @@ struct gdrkv_client {
     struct client_regions regions;
     struct client_copier copier;    /* helper threads for large shm copies */
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
+    struct gk_token token;          /* opts.token_file's (or GDRKV_TOKEN_FILE's); len 0: none */
     struct client_counters counters;
 };
 
@@ -112,6 +115,7 @@ struct client_endpoint {
     int shm_only;                   /* no tcp fallback: a unix: server, or transport shm */
     struct client_rdma *rdma;       /* the client's, when transport rdma, or auto to another host */
     int rdma_only;                  /* transport rdma: no plain tcp fallback */
+    const struct gk_token *token;   /* the client's, or NULL: no handshake */
     pthread_mutex_t pool_lock;      /* guards pool */
     struct client_pool *pool;       /* the mapping new connections share, or NULL */
 };

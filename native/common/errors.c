@@ -19,6 +19,7 @@ const char *gdrkv_strerror(int code)
     case GDRKV_E_UNSUPPORTED: return "unsupported";
     case GDRKV_E_INTERNAL: return "internal error";
     case GDRKV_E_CLOSED: return "closed";
+    case GDRKV_E_DENIED: return "denied: authentication missing or failed";
     default: return "unknown error";
     }
 }

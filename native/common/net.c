@@ -130,6 +130,69 @@ int gk_sock_name(int fd, char *buf, size_t len)
     return 0;
 }
 
+int gk_sock_is_loopback(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ((const uint8_t *)&((struct sockaddr_in *)&ss)->sin_addr)[0] == 127;
+    if (ss.ss_family != AF_INET6)
+        return 0;
+    const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+int gk_wait_fd(int fd, short events, uint64_t deadline_ns)
+{
+    struct pollfd pfd = {.fd = fd, .events = events};
+    int n;
+    do
+        n = poll(&pfd, 1, gk_poll_ms_left(deadline_ns));
+    while (n < 0 && errno == EINTR);
+    return n > 0 ? 0 : n == 0 ? GDRKV_E_TIMEOUT : GDRKV_E_UNAVAILABLE;
+}
+
+int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            int rc = gk_wait_fd(fd, POLLOUT, deadline_ns);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (n <= 0)
+            return GDRKV_E_UNAVAILABLE;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int gk_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            int rc = gk_wait_fd(fd, POLLIN, deadline_ns);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (n <= 0)
+            return GDRKV_E_UNAVAILABLE;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 int gk_poll_ms_left(uint64_t deadline_ns)
 {
     uint64_t now = gk_now_ns();

@@ -23,6 +23,9 @@ int gk_parse_addr(const char *s, uint16_t default_port, struct gk_addr *out);
 int gk_listen_tcp(const struct gk_addr *a, int backlog, char *err, size_t errlen);
 /* "host:port" of a bound socket. */
 int gk_sock_name(int fd, char *buf, size_t len);
+/* Whether a bound socket's address is a loopback one (127/8, ::1): only
+ * this host can reach it. */
+int gk_sock_is_loopback(int fd);
 
 /* Connects to a, waiting at most until deadline_ns (gk_now_ns clock).
  * Returns a non-blocking, TCP_NODELAY, close-on-exec fd, or
@@ -49,6 +52,15 @@ int gk_listen_unix(const char *path, int backlog, char *err, size_t errlen);
 int gk_connect_unix(const char *path);
 /* Whether the peer of a unix socket runs as our user (or as root). */
 int gk_peer_is_us(int fd);
+
+/* Waits until fd is ready for poll events (POLLIN, POLLOUT) or the
+ * deadline passes: 0, GDRKV_E_TIMEOUT or GDRKV_E_UNAVAILABLE. */
+int gk_wait_fd(int fd, short events, uint64_t deadline_ns);
+/* Sends or receives exactly len bytes on a non-blocking socket, waiting at
+ * most until deadline_ns: 0, GDRKV_E_TIMEOUT or GDRKV_E_UNAVAILABLE (the
+ * peer is gone). For the short exchanges that set a connection up. */
+int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
+int gk_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
 
 void gk_set_nodelay(int fd);
 

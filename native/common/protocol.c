@@ -52,7 +52,8 @@ static int op_is_in_place(uint8_t opcode)
 
 int gk_op_is_transport(uint8_t opcode)
 {
-    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || op_is_in_place(opcode);
+    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || opcode == GK_OP_AUTH ||
+           op_is_in_place(opcode);
 }
 
 const char *gk_op_name(uint8_t opcode)
@@ -71,6 +72,7 @@ const char *gk_op_name(uint8_t opcode)
     case GK_OP_RDMA_HELLO: return "rdma_hello";
     case GK_OP_RESERVE: return "reserve";
     case GK_OP_COMMIT: return "commit";
+    case GK_OP_AUTH: return "auth";
     default: return "unknown";
     }
 }
@@ -85,11 +87,14 @@ int gk_check_request_hdr(const struct gk_hdr *h)
         return GDRKV_E_UNSUPPORTED;
     if (h->payload_len != 0 && h->opcode != GK_OP_PUT)
         return GDRKV_E_PROTOCOL;
-    /* The unkeyed ops with a body: RDMA_HELLO's endpoint, COMMIT's flags. */
+    /* The unkeyed ops with a body: RDMA_HELLO's endpoint, COMMIT's flags,
+     * AUTH's nonce or proof. */
     if (h->opcode == GK_OP_RDMA_HELLO)
         return h->count == 0 && h->body_len <= GK_MAX_RDMA_HELLO ? 0 : GDRKV_E_PROTOCOL;
     if (h->opcode == GK_OP_COMMIT)
         return h->body_len == h->count ? 0 : GDRKV_E_PROTOCOL;
+    if (h->opcode == GK_OP_AUTH)     /* a nonce, or a proof: both 32 bytes */
+        return h->count == 0 && h->body_len == GK_AUTH_NONCE_SIZE ? 0 : GDRKV_E_PROTOCOL;
     if (!gk_op_is_keyed(h->opcode) && (h->count != 0 || h->body_len != 0))
         return GDRKV_E_PROTOCOL;
     if (h->opcode == GK_OP_CLEAR && h->count != 0)

@@ -53,6 +53,14 @@
  *            is one result per key, or frame status TIMEOUT when the
  *            reservations had expired.
  *
+ *   authentication (a server with a token; docs/protocol.md): until a
+ *   connection has done this, the server answers nothing else.
+ *   AUTH:    body = the client's 32-byte nonce; the answer's body is the
+ *            server's nonce and its proof (32 + 32 bytes). A second AUTH
+ *            carries the client's proof (32 bytes); the answer is status 0
+ *            or DENIED, and the connection is closed after a DENIED.
+ *            A server without a token answers UNSUPPORTED.
+ *
  * Limits below are checked before anything is allocated for a frame.
  */
 #ifndef GDRKV_PROTOCOL_H
@@ -77,6 +85,8 @@
 #define GK_MAX_PAYLOAD (64ull << 30)     /* payload bytes per frame */
 #define GK_MAX_RDMA_HELLO 4096           /* RDMA_HELLO request body */
 #define GK_RESERVE_PRESENT 1             /* RESERVE key status: already stored */
+#define GK_AUTH_NONCE_SIZE 32
+#define GK_AUTH_PROOF_SIZE 32
 
 enum gk_opcode {
     GK_OP_PING = 1,
@@ -92,7 +102,8 @@ enum gk_opcode {
     GK_OP_RDMA_HELLO = 11,
     GK_OP_RESERVE = 12,
     GK_OP_COMMIT = 13,
-    GK_OP_MAX = 13,
+    GK_OP_AUTH = 14,
+    GK_OP_MAX = 14,
     GK_OP_RESPONSE = 0x80
 };
 

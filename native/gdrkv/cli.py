@@ -46,6 +46,13 @@ def main(argv=None):
     serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
                        help="serve rdma clients: auto when a device is there (default), on "
                             "to require one")
+    serve.add_argument("--auth-token-file", metavar="PATH",
+                       help="serve only clients holding the secret in PATH (mode 600; clients "
+                            "give token_file= or GDRKV_TOKEN_FILE); required to listen on an "
+                            "address other hosts can reach")
+    serve.add_argument("--insecure-no-auth", action="store_true",
+                       help="listen on an address other hosts can reach without a token: "
+                            "anyone reaching it can read, overwrite and clear the cache")
     serve.set_defaults(run=_serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
@@ -83,7 +90,9 @@ def _serve(args):
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
                 max_connections=args.max_connections, unix_path=args.unix_path,
-                lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma) as server:
+                lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
+                auth_token_file=args.auth_token_file,
+                insecure_no_auth=args.insecure_no_auth) as server:
         rdma = ", rdma" if server.stats().get("rdma_enabled") else ""
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
         print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{rdma}{shm})",

@@ -30,7 +30,7 @@ _INT_OPTIONS = {
 _TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2, "rdma": 3}
 # gpu_copy names and their enum gdrkv_gpu_copy values.
 _GPU_COPY = {"auto": 0, "kernel": 1, "copy_engine": 2}
-_OPTIONS = ("namespace", "transport", "gpu_copy", *_INT_OPTIONS)
+_OPTIONS = ("namespace", "transport", "gpu_copy", "token_file", *_INT_OPTIONS)
 
 
 class Client:
@@ -46,7 +46,9 @@ class Client:
     host whose unix socket answers, tcp otherwise; "tcp"; or "shm"),
     backoff_min_ms (100) and backoff_max_ms (5000) for reconnecting to a
     server that failed, gpu_copy ("auto", "kernel" or "copy_engine": how
-    values move to and from GPU memory, docs/gpu.md).
+    values move to and from GPU memory, docs/gpu.md), token_file (the file
+    holding the servers' secret, for servers started with
+    --auth-token-file; default $GDRKV_TOKEN_FILE).
 
     Batch calls report per-key results and never raise for a per-key
     failure; a server that is down turns into misses and failed puts. Many
@@ -67,6 +69,9 @@ class Client:
         opts.ns = ns_c
         opts.transport = _TRANSPORTS[self.transport]
         opts.gpu_copy = _GPU_COPY[opts_values["gpu_copy"]]
+        if opts_values["token_file"]:
+            token_file_c = ffi.new("char[]", opts_values["token_file"].encode())
+            opts.token_file = token_file_c
         for name, (_, minimum) in _INT_OPTIONS.items():
             set_int_field(opts, name, opts_values[name], name, minimum)
 
@@ -298,7 +303,7 @@ def _resolve_options(given):
     unknown = sorted(set(given) - set(_OPTIONS))
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r}; valid options: {', '.join(_OPTIONS)}")
-    values = {"namespace": "", "transport": "auto", "gpu_copy": "auto"}
+    values = {"namespace": "", "transport": "auto", "gpu_copy": "auto", "token_file": None}
     values.update((name, default) for name, (default, _) in _INT_OPTIONS.items())
     values.update(given)
 
@@ -314,6 +319,8 @@ def _resolve_options(given):
     if values["gpu_copy"] not in _GPU_COPY:
         raise ValueError(f"gpu_copy must be one of {', '.join(_GPU_COPY)}, "
                          f"not {values['gpu_copy']!r}")
+    if values["token_file"] is not None and not isinstance(values["token_file"], str):
+        raise ValueError(f"token_file must be a path, not {values['token_file']!r}")
     for name in _INT_OPTIONS:
         if isinstance(values[name], str):
             try:

@@ -31,12 +31,17 @@ class Server:
 
     rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
     or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.
+
+    auth_token_file: serve only clients that prove they hold the secret in
+    this file (mode 0600; docs/protocol.md). A listen address other hosts
+    can reach needs one, or insecure_no_auth=True.
     """
 
     def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
                  pretouch=True, high_watermark=0.95, low_watermark=0.90,
                  stall_timeout_ms=30000, max_connections=4096, unix_path=None,
-                 lease_timeout_ms=5000, rdma="auto"):
+                 lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
+                 insecure_no_auth=False):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -53,6 +58,10 @@ class Server:
         if unix_path is not None:
             unix_path_c = ffi.new("char[]", unix_path.encode())
             opts.unix_path = unix_path_c
+        if auth_token_file:
+            token_file_c = ffi.new("char[]", str(auth_token_file).encode())
+            opts.auth_token_file = token_file_c
+        opts.insecure_no_auth = bool(insecure_no_auth)
         opts.hugepages = _HUGEPAGES[hugepages]
         opts.rdma = _HUGEPAGES[rdma]
         opts.pretouch = bool(pretouch)

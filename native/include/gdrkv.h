@@ -25,7 +25,8 @@ enum gdrkv_error {
     GDRKV_E_BUSY = -9,        /* object is being written by another client */
     GDRKV_E_UNSUPPORTED = -10,/* opcode or version the server does not know */
     GDRKV_E_INTERNAL = -11,   /* out of memory or a bug: see the log */
-    GDRKV_E_CLOSED = -12      /* client or server already closed */
+    GDRKV_E_CLOSED = -12,     /* client or server already closed */
+    GDRKV_E_DENIED = -13      /* authentication missing or failed (token_file) */
 };
 
 const char *gdrkv_strerror(int code);
@@ -59,6 +60,10 @@ typedef struct gdrkv_server_opts {
                                    and its client told so */
     int rdma;                   /* -1 serve rdma clients when a device is there,
                                    0 never, 1 require (the start fails without) */
+    const char *auth_token_file;/* serve only clients proving they hold this
+                                   secret (docs/protocol.md); NULL = anyone */
+    int insecure_no_auth;       /* allow a non-loopback listen address without
+                                   a token (refused otherwise) */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);
@@ -109,6 +114,7 @@ typedef struct gdrkv_client_opts {
     uint32_t backoff_max_ms;    /* cap of the exponential backoff */
     int transport;              /* enum gdrkv_transport */
     int gpu_copy;               /* enum gdrkv_gpu_copy */
+    const char *token_file;     /* the servers' shared secret; NULL = none */
 } gdrkv_client_opts;
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts);

@@ -195,6 +195,11 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         return GDRKV_E_INTERNAL;
     }
     s->listen_fd = s->unix_fd = s->wake_fd = -1;
+    if (opts->auth_token_file && *opts->auth_token_file) {
+        rc = gk_token_load(opts->auth_token_file, 1, &s->token, err, errlen);
+        if (rc)
+            goto fail;
+    }
     s->stall_timeout_ms = opts->stall_timeout_ms;
     s->lease_timeout_ms = opts->lease_timeout_ms;
     s->max_connections = opts->max_connections;
@@ -221,6 +226,15 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         goto fail;
     }
     gk_sock_name(s->listen_fd, s->address, sizeof s->address);
+    /* Redis's protected mode: reachable from other hosts only with a token,
+     * or when the operator says so. */
+    if (!s->token.len && !opts->insecure_no_auth && !gk_sock_is_loopback(s->listen_fd)) {
+        snprintf(err, errlen, "%s is reachable from other hosts: give it a secret with "
+                 "--auth-token-file (auth_token_file), or accept that anyone who reaches it "
+                 "can read, overwrite and clear the cache with --insecure-no-auth", s->address);
+        rc = GDRKV_E_INVALID;
+        goto fail;
+    }
     rc = listen_unix(s, opts->unix_path, err, errlen);
     if (rc)
         goto fail;

@@ -50,6 +50,7 @@ int server_conn_open(struct server_worker *w, int fd, int local)
     c->worker = w;
     c->local = local;
     c->pass_fd = -1;
+    c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
     c->events = EPOLLIN;
     c->last_progress_ns = gk_now_ns();
     struct epoll_event ev = {.events = c->events, .data.ptr = c};
@@ -175,6 +176,12 @@ static enum step on_header(struct server_conn *c)
         gk_counter_add(&c->worker->counters.frames_bad, 1);
         GK_DEBUG("fd %d: bad magic 0x%08x, closing", c->fd, h->magic);
         return STEP_CLOSE;
+    }
+    /* Before the handshake nothing but AUTH is read, let alone answered. */
+    if (c->auth != CONN_AUTH_DONE && h->opcode != GK_OP_AUTH) {
+        gk_counter_add(&c->worker->counters.auth_denied, 1);
+        return reject(c, GDRKV_E_DENIED, 0, "this server serves only clients that hold its "
+                      "token: give the client token_file= (or GDRKV_TOKEN_FILE)");
     }
     if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !server_ops_allowed(c, h->opcode))) {
         /* Lengths were checked before the opcode, so skipping is bounded. */

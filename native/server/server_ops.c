@@ -322,6 +322,49 @@ static int op_rdma_hello(struct server_conn *c)
     return 0;
 }
 
+/* ------------------------------------------------------------ auth */
+
+/* AUTH (common/auth.h): the first answers the client's nonce with ours and
+ * our proof, the second checks the client's proof. A wrong proof ends the
+ * connection: a guesser gets one try per connection. */
+static int op_auth(struct server_conn *c)
+{
+    const struct gk_token *t = &c->worker->server->token;
+    struct server_counters *counters = &c->worker->counters;
+
+    if (!t->len) {
+        static const char msg[] = "this server has no token (--auth-token-file)";
+        return server_reply_error(c, GDRKV_E_UNSUPPORTED, msg, sizeof msg - 1);
+    }
+    if (c->auth == CONN_AUTH_NONE) {
+        memcpy(c->client_nonce, c->body, GK_AUTH_NONCE_SIZE);
+        if (gk_auth_nonce(c->server_nonce))
+            return GDRKV_E_INTERNAL;
+        uint8_t *p = server_reply_start(c, 0, 0, GK_AUTH_NONCE_SIZE + GK_AUTH_PROOF_SIZE, 0);
+        if (!p)
+            return GDRKV_E_INTERNAL;
+        memcpy(p, c->server_nonce, GK_AUTH_NONCE_SIZE);
+        gk_auth_proof(t, GK_AUTH_SERVER, c->client_nonce, c->server_nonce,
+                      p + GK_AUTH_NONCE_SIZE);
+        c->auth = CONN_AUTH_CHALLENGED;
+        return 0;
+    }
+    if (c->auth == CONN_AUTH_DONE) {
+        static const char msg[] = "the connection is authenticated already";
+        return server_reply_error(c, GDRKV_E_INVALID, msg, sizeof msg - 1);
+    }
+    if (!gk_auth_check(t, GK_AUTH_CLIENT, c->client_nonce, c->server_nonce, c->body)) {
+        static const char msg[] = "wrong token: the client's proof does not match this "
+                                  "server's token";
+        gk_counter_add(&counters->auth_denied, 1);
+        c->close_after_write = 1;
+        return server_reply_error(c, GDRKV_E_DENIED, msg, sizeof msg - 1);
+    }
+    c->auth = CONN_AUTH_DONE;
+    gk_counter_add(&counters->auth_ok, 1);
+    return server_reply_status(c, 0);
+}
+
 int server_ops_execute(struct server_conn *c)
 {
     switch (c->req.opcode) {
@@ -338,6 +381,7 @@ int server_ops_execute(struct server_conn *c)
     case GK_OP_RDMA_HELLO: return op_rdma_hello(c);
     case GK_OP_RESERVE: return op_reserve(c);
     case GK_OP_COMMIT: return op_commit(c);
+    case GK_OP_AUTH: return op_auth(c);
     }
     return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
 }

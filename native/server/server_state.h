@@ -22,8 +22,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gdrkv.h"
+#include "common/auth.h"
 #include "common/net.h"
+#include "gdrkv.h"
 #include "common/protocol.h"
 #include "common/stats.h"
 #include "server_payload.h"
@@ -54,7 +55,9 @@ struct store;
     X(shm_leases_expired, "leases (and RESERVEs) dropped by the timeout")           \
     X(rdma_leases, "LEASE frames of rdma connections")                              \
     X(rdma_lease_bytes, "object bytes they handed out for READs")                   \
-    X(rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")
+    X(rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")                  \
+    X(auth_ok, "connections that proved they hold the token")                       \
+    X(auth_denied, "frames refused: no or a wrong proof of the token")
 
 /* Written only by the worker that owns them, read by whoever asks for
  * stats: relaxed atomics on both sides, summed over workers at read time. */
@@ -84,6 +87,7 @@ struct gdrkv_server {
     int unix_fd;                    /* shm listener, or -1 */
     char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
     uint32_t lease_timeout_ms;
+    struct gk_token token;          /* clients must prove they hold it; len 0: none */
     struct server_rdma *rdma;       /* NULL when rdma is off or unavailable */
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
@@ -133,6 +137,13 @@ enum server_conn_hold {
     CONN_HOLDS_LEASE        /* LEASE objects the client copies from the pool */
 };
 
+/* Where a connection stands in the handshake (common/auth.h). */
+enum server_conn_auth {
+    CONN_AUTH_NONE,         /* nothing but AUTH is answered */
+    CONN_AUTH_CHALLENGED,   /* the server's proof sent; the client's awaited */
+    CONN_AUTH_DONE          /* proven, or the server has no token */
+};
+
 /* The per-key arrays of the frame in progress; they keep the largest size
  * seen so far (at most GK_MAX_KEYS entries). */
 struct server_batch {
@@ -179,6 +190,9 @@ struct server_conn {
     uint64_t lease_deadline_ns;
     int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
     int reserved_for_rdma;          /* the reservations are a RESERVE's, awaiting COMMIT */
+    enum server_conn_auth auth;
+    uint8_t client_nonce[GK_AUTH_NONCE_SIZE];  /* of the handshake in progress */
+    uint8_t server_nonce[GK_AUTH_NONCE_SIZE];
     struct server_rdma_conn *rdma;  /* QPs, after RDMA_HELLO */
 };
 
