@@ -6,6 +6,7 @@ frames, and a LEASE without hits skipping RELEASE.
 
 Run as a script (`test_shm_trust.py threads URL NS`) it is the child of
 test_large_frames_start_copy_helpers (threads are counted per process)."""
+import fcntl
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from conftest import batch_get_bytes, content, stat, unique, wait_for
 from gdrkv import errors
 
 NOBODY = 65534
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 
 
@@ -94,6 +96,106 @@ def test_socket_directory_open_to_others_is_refused(open_dir, how):
     assert os.listdir(sock_dir) == []
 
 
+
+# ---------------------------------------------------------------- impostors
+
+IMPOSTOR = r"""
+import os, socket, sys, threading
+os.setgid(%d); os.setuid(%d)
+path = sys.argv[1]
+os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(path)
+os.chmod(path, 0o666)
+listener.listen(16)
+got = []
+
+def serve():
+    while True:
+        conn, _ = listener.accept()
+        conn.settimeout(5)
+        try:
+            while data := conn.recv(65536):
+                got.append(len(data))
+        except OSError:
+            pass
+
+threading.Thread(target=serve, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()                    # until the test is done
+print(sum(got), flush=True)
+""" % (NOBODY, NOBODY)
+
+
+@as_root
+def test_server_refuses_a_default_socket_directory_of_another_user(server_factory, open_dir,
+                                                                   monkeypatch):
+    """Another user made the default directory first: running without shm
+    would leave local clients to whatever they put there, so the server
+    does not start, and says why."""
+    runtime = os.path.join(open_dir, "runtime")
+    os.mkdir(runtime, 0o755)
+    os.chown(runtime, NOBODY, NOBODY)
+    monkeypatch.setenv("GDRKV_RUNTIME_DIR", runtime)
+    with pytest.raises(RuntimeError, match="another user may be posing as the server"):
+        server_factory("16MiB")
+
+
+@as_root
+@pytest.mark.parametrize("where", ["directory", "process"])
+def test_client_does_not_talk_to_an_impostor(server_factory, make_client, open_dir, monkeypatch,
+                                             where):
+    """Another user listens where the client looks for its server's socket
+    (the real server serves tcp only). "directory": in a directory of its
+    own. "process": the directory and the socket file are made to look
+    like ours, only the listening process (SO_PEERCRED) gives it away.
+    Either way the client sends it nothing and goes over tcp."""
+    os.chmod(open_dir, 0o1777)                      # a /tmp: anyone may make a directory
+    runtime = os.path.join(open_dir, "runtime")
+    monkeypatch.setenv("GDRKV_RUNTIME_DIR", runtime)
+    server = server_factory("64MiB", args=["--unix-path", ""])
+    theirs = os.path.join(open_dir, "theirs", f"{server.port}.sock")
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR,
+                                 theirs if where == "process" else
+                                 os.path.join(runtime, f"{server.port}.sock")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert impostor.stdout.readline().strip() == "ready"
+        if where == "process":
+            os.mkdir(runtime, 0o700)
+            os.chown(theirs, 0, 0)
+            os.rename(theirs, os.path.join(runtime, f"{server.port}.sock"))
+        client = make_client(server.url, namespace=unique("imp"), timeout_ms=3000)
+        client.put("k", content("k", 10_000))
+        assert client.get("k") == content("k", 10_000)
+        assert client.stats()["client"]["shm_connects"] == 0
+        shm_only = make_client(server.url, namespace=unique("imp"), transport="shm",
+                               timeout_ms=3000)
+        assert shm_only.batch_sizes(["k"]) == [errors.E_UNAVAILABLE]
+    finally:
+        out, _ = impostor.communicate("", timeout=30)
+    assert out.split() == ["0"], "the client sent the impostor bytes"
+
+
+@pytest.mark.parametrize("seals", [0, fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE,
+                                   fcntl.F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE,
+                                   fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW],
+                         ids=["none", "can-shrink", "can-grow", "writable"])
+def test_client_maps_only_a_sealed_pool(tmp_path, seals):
+    """A pool fd that could shrink under the client (SIGBUS mid-copy), grow
+    or be written is not mapped: the keys fail, nothing is leased."""
+    server = HostileShmServer(str(tmp_path / "s.sock"), seals=seals)
+    try:
+        client = gdrkv.Client("gdrkv://unix:" + str(tmp_path / "s.sock"), transport="shm",
+                              timeout_ms=3000)
+        assert client.batch_sizes([GOOD]) == [errors.E_UNAVAILABLE]
+        assert client.stats()["client"]["shm_connects"] == 0
+        client.close()
+    finally:
+        server.close()
+    assert wire.OP_HELLO in server.ops and wire.OP_LEASE not in server.ops
+
+
 # ---------------------------------------------------------------- a hostile server
 
 POOL = 1 << 20
@@ -128,14 +230,25 @@ HOSTILE = {
 GOOD = "object_in_the_pool_fine"
 
 
+def sealed_memfd(data, seals=None):
+    """A memfd holding data, sealed as a real server's pool is (client_shm.c
+    refuses to map one that is not)."""
+    fd = os.memfd_create("fake-pool", os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals is None:
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
 class HostileShmServer:
     """Answers HELLO with a 1 MiB memfd of known bytes and each LEASE with
     the case its key names; counts what it was sent."""
 
-    def __init__(self, path):
-        self.fd = os.memfd_create("hostile-pool")
-        self.pool = os.urandom(POOL)
-        os.write(self.fd, self.pool)
+    def __init__(self, path, seals=None):
+        self.fd = sealed_memfd(os.urandom(POOL), seals)
+        self.pool = os.pread(self.fd, POOL, 0)
         self.listener = socket.socket(socket.AF_UNIX)
         self.listener.bind(path)
         self.listener.listen(16)

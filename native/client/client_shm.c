@@ -7,6 +7,7 @@
 #include "client_shm.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,11 +131,25 @@ static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size
 /* The mapping of the pool behind pool_fd, shared with the endpoint's
  * other connections when they map the same memfd; referenced for the
  * caller. */
+/* Whether the pool memfd is sealed as docs/transports.md says: it can't
+ * shrink (which would SIGBUS us mid-copy), grow, or be written again. */
+static int sealed(int pool_fd)
+{
+    int seals = fcntl(pool_fd, F_GET_SEALS);
+    int need = F_SEAL_SHRINK | F_SEAL_GROW;
+    return seals >= 0 && (seals & need) == need &&
+           (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+}
+
 static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint64_t size)
 {
     struct stat st;
     struct client_pool *p = NULL, *old = NULL;
 
+    if (!sealed(pool_fd)) {
+        GK_WARN("%s: its pool memfd is not sealed: not mapping it", ep->name);
+        return NULL;
+    }
     /* The server may announce less than the file (hugepage rounding), never more. */
     if (fstat(pool_fd, &st) != 0 || (uint64_t)st.st_size < size)
         return NULL;
@@ -160,6 +175,16 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
     int fd = gk_connect_unix(ep->unix_path);
     if (fd < 0)
         return fd;
+    char why[400];
+    if (!gk_unix_server_trusted(ep->unix_path, why, sizeof why) || !gk_peer_is_us(fd)) {
+        if (gk_peer_is_us(fd))
+            GK_WARN("%s: not using its unix socket: %s", ep->name, why);
+        else
+            GK_WARN("%s: the process on %s runs as another user: not trusting it", ep->name,
+                    ep->unix_path);
+        close(fd);
+        return GDRKV_E_UNAVAILABLE;
+    }
     int rc = ep->token ? client_auth(fd, ep->token, ep->name, deadline_ns) : 0;
     if (rc) {
         close(fd);

@@ -45,12 +45,18 @@ int gk_unix_default_path(uint16_t port, char *buf, size_t len);
 /* Non-blocking listening socket at path, owner-only: the parent directory
  * is created 0700 when missing and must be ours and not writable by others;
  * the socket is 0600. A stale socket left by a dead server is replaced, a
- * live one is not. Returns fd or a negative gdrkv error (message in err). */
+ * live one is not. Returns fd or a negative gdrkv error (message in err):
+ * GDRKV_E_DENIED when the directory is not safely ours. */
 int gk_listen_unix(const char *path, int backlog, char *err, size_t errlen);
+/* Whether a client may trust the socket at path: it and its directory
+ * belong to our user (or root) and nobody else may write the directory.
+ * 1, or 0 with the reason in err. */
+int gk_unix_server_trusted(const char *path, char *err, size_t errlen);
 /* Connects to the socket at path: a non-blocking, close-on-exec fd, or
  * GDRKV_E_UNAVAILABLE (no server there, or not ours to reach). */
 int gk_connect_unix(const char *path);
-/* Whether the peer of a unix socket runs as our user (or as root). */
+/* Whether the peer of a unix socket runs as our user (or as root): the
+ * server checks its clients, a client the process it reached. */
 int gk_peer_is_us(int fd);
 
 /* Waits until fd is ready for poll events (POLLIN, POLLOUT) or the

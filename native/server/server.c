@@ -114,7 +114,8 @@ static int start_threads(struct gdrkv_server *s)
 }
 
 /* The shm listener. Asked for by path, it must work; the default is best
- * effort, since tcp serves every client anyway. */
+ * effort, since tcp serves every client anyway, unless its directory is
+ * another user's. */
 static int listen_unix(struct gdrkv_server *s, const char *asked, char *err, size_t errlen)
 {
     char why[300];
@@ -137,8 +138,11 @@ static int listen_unix(struct gdrkv_server *s, const char *asked, char *err, siz
     int fd = gk_listen_unix(s->unix_path, SOMAXCONN, why, sizeof why);
     if (fd < 0) {
         s->unix_path[0] = '\0';
-        if (asked) {
-            snprintf(err, errlen, "%s", why);
+        /* Someone else's directory where ours should be is no accident:
+         * running without shm would leave it to them. */
+        if (asked || fd == GDRKV_E_DENIED) {
+            snprintf(err, errlen, "%s%s", why,
+                     asked ? "" : " (remove it, or choose --unix-path; '' runs without shm)");
             return fd;
         }
         GK_WARN("no shm transport: %s", why);
