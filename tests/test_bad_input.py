@@ -146,7 +146,7 @@ def test_truncated_frame_then_close(cut, server, healthy):
     frame = wire.request(wire.OP_GET, [(b"some-key", 100)], ns=NS)
     with wire.connect(server.address) as conn:
         conn.send(frame[:cut])
-    wait_for(lambda: connections_now(server) == before, 5, "the connection to be released")
+    wait_for(lambda: connections_now(server) <= before, 5, "the connection to be released")
     after = server.stats()
     assert stat(after, "ops_get") == stat(stats_before, "ops_get")
     assert stat(after, "pinned_objects") == 0
@@ -186,7 +186,8 @@ def test_connect_then_close(server, healthy):
     host, port = server.address.rsplit(":", 1)
     for _ in range(20):
         socket.create_connection((host, int(port))).close()
-    wait_for(lambda: connections_now(server) == current, 5, "the connections to be released")
+    # At most as many as before: a connection of an earlier test may end meanwhile.
+    wait_for(lambda: connections_now(server) <= current, 5, "the connections to be released")
     # Each was accepted (and counted) once; the stats connection too.
     assert stat(server.stats(), "connections_total") >= before + 20
 

@@ -124,8 +124,11 @@ static void cut_frames(struct planner *pl, uint32_t first, uint32_t end)
 {
     const struct client_batch *b = pl->b;
     uint32_t p = first;
-    /* GPU values pass through per-connection staging of this size. */
-    uint64_t max_payload = b->gpu ? GPU_FRAME_BYTES : GK_MAX_PAYLOAD;
+    /* GPU values pass through per-connection staging of this size; a GET
+     * answer may pin at most GK_MAX_GET_CAPACITY. */
+    uint64_t max_payload = b->gpu                     ? GPU_FRAME_BYTES
+                           : b->opcode == GK_OP_GET ? GK_MAX_GET_CAPACITY
+                                                    : GK_MAX_PAYLOAD;
 
     while (p < end) {
         uint32_t start = p;

@@ -83,6 +83,8 @@
 #define GK_MAX_SEGMENTS 1024             /* segments per object (client side) */
 #define GK_MAX_OBJECT (1ull << 30)       /* bytes per object */
 #define GK_MAX_PAYLOAD (64ull << 30)     /* payload bytes per frame */
+#define GK_MAX_GET_CAPACITY (1ull << 30) /* a GET frame's destination bytes: what one
+                                            answer may pin while a socket drains it */
 #define GK_MAX_RDMA_HELLO 4096           /* RDMA_HELLO request body */
 #define GK_RESERVE_PRESENT 1             /* RESERVE key status: already stored */
 #define GK_AUTH_NONCE_SIZE 32

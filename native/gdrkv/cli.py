@@ -35,7 +35,17 @@ def main(argv=None):
                        help="do not fault the pool in at start (faster start, slower first writes)")
     serve.add_argument("--stall-timeout-ms", type=int, default=30000,
                        help="close connections stalled mid-frame this long (default 30000)")
-    serve.add_argument("--max-connections", type=int, default=4096)
+    serve.add_argument("--max-connections", type=int, default=4096,
+                       help="tcp connections at a time; local (unix) ones have as many apart "
+                            "(default 4096)")
+    serve.add_argument("--max-connections-per-peer", type=int, default=512,
+                       help="tcp connections from one IP address (default 512)")
+    serve.add_argument("--idle-timeout-ms", type=int, default=300000,
+                       help="close connections without a frame for this long; clients "
+                            "reconnect (default 300000)")
+    serve.add_argument("--max-buffered", default="256MiB", metavar="SIZE",
+                       help="request bodies buffered over all connections; bigger ones wait "
+                            "(default 256MiB)")
     serve.add_argument("--unix-path", metavar="PATH",
                        help="unix socket for local clients (the shm transport); default "
                             "/tmp/gdrkv-<uid>/<port>.sock, or $GDRKV_RUNTIME_DIR/<port>.sock; "
@@ -89,7 +99,10 @@ def _serve(args):
     with Server(listen=args.listen, memory=args.memory, workers=args.workers,
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
-                max_connections=args.max_connections, unix_path=args.unix_path,
+                max_connections=args.max_connections,
+                max_connections_per_peer=args.max_connections_per_peer,
+                idle_timeout_ms=args.idle_timeout_ms, max_buffered=args.max_buffered,
+                unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
                 auth_token_file=args.auth_token_file,
                 insecure_no_auth=args.insecure_no_auth) as server:

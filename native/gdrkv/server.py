@@ -21,7 +21,12 @@ class Server:
     the first writes do not pay for page faults. Above high_watermark of the
     pool in use, least recently used objects are evicted down to
     low_watermark. A connection stalled mid-frame for stall_timeout_ms is
-    closed.
+    closed, and so is one whose request arrives slower than 1 MiB/s after
+    that grace, whose GET values are read slower than lease_timeout_ms + 10
+    ms per MiB, or that sends no frame for idle_timeout_ms (clients
+    reconnect). max_connections tcp and as many local connections are
+    served, at most max_connections_per_peer from one IP address; request
+    bodies over max_buffered in all wait for room.
 
     Local clients reach the pool directly (the shm transport) through the
     unix socket at unix_path: None picks the default for the port
@@ -41,7 +46,8 @@ class Server:
                  pretouch=True, high_watermark=0.95, low_watermark=0.90,
                  stall_timeout_ms=30000, max_connections=4096, unix_path=None,
                  lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
-                 insecure_no_auth=False):
+                 insecure_no_auth=False, max_connections_per_peer=512,
+                 idle_timeout_ms=300000, max_buffered="256MiB"):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -54,6 +60,11 @@ class Server:
         set_int_field(opts, "workers", workers, "workers")
         set_int_field(opts, "stall_timeout_ms", stall_timeout_ms, "stall_timeout_ms", minimum=1)
         set_int_field(opts, "max_connections", max_connections, "max_connections", minimum=1)
+        set_int_field(opts, "max_connections_per_peer", max_connections_per_peer,
+                      "max_connections_per_peer", minimum=1)
+        set_int_field(opts, "idle_timeout_ms", idle_timeout_ms, "idle_timeout_ms", minimum=1)
+        set_int_field(opts, "max_buffered_bytes", parse_size(max_buffered), "max_buffered",
+                      minimum=8 << 20)
         set_int_field(opts, "lease_timeout_ms", lease_timeout_ms, "lease_timeout_ms", minimum=1)
         if unix_path is not None:
             unix_path_c = ffi.new("char[]", unix_path.encode())

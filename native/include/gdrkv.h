@@ -51,7 +51,13 @@ typedef struct gdrkv_server_opts {
     double low_watermark;       /* ... down to this pool use */
     uint32_t stall_timeout_ms;  /* a connection that makes no progress for this
                                    long mid-frame is closed (and its pins dropped) */
-    uint32_t max_connections;
+    uint32_t max_connections;   /* tcp connections; as many again for local (unix) ones */
+    uint32_t max_connections_per_peer; /* tcp connections from one IP address */
+    uint32_t idle_timeout_ms;   /* a connection with no frame for this long is closed
+                                   (clients reconnect); one not yet authenticated
+                                   gets stall_timeout_ms */
+    uint64_t max_buffered_bytes;/* request bodies buffered over all connections; a
+                                   frame that would pass it waits (back-pressure) */
     const char *unix_path;      /* socket of the shm transport for local clients;
                                    NULL = the default for the port (docs/transports.md),
                                    "" = no shm */

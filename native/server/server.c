@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "server_peers.h"
 #include "server_rdma.h"
 #include "server_state.h"
 #include "server_stats.h"
@@ -38,6 +39,9 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         .low_watermark = 0.90,
         .stall_timeout_ms = 30000,
         .max_connections = 4096,
+        .max_connections_per_peer = 512,
+        .idle_timeout_ms = 300000,
+        .max_buffered_bytes = 256ull << 20,
         .unix_path = NULL,
         .lease_timeout_ms = 5000,
         .rdma = -1,
@@ -63,6 +67,12 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "stall_timeout_ms must be > 0";
     else if (o->max_connections == 0)
         bad = "max_connections must be > 0";
+    else if (o->max_connections_per_peer == 0)
+        bad = "max_connections_per_peer must be > 0";
+    else if (o->idle_timeout_ms == 0)
+        bad = "idle_timeout_ms must be > 0";
+    else if (o->max_buffered_bytes < GK_MAX_BODY)
+        bad = "max_buffered_bytes must be at least 8MiB (one largest request body)";
     else if (o->lease_timeout_ms == 0)
         bad = "lease_timeout_ms must be > 0";
     else if (o->rdma < -1 || o->rdma > 1)
@@ -174,6 +184,7 @@ static void server_free(struct gdrkv_server *s)
     server_rdma_stop(s);
     if (s->store)
         store_close(s->store);
+    server_peers_free(s->peers);
     free(s);
 }
 
@@ -207,6 +218,14 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
     s->stall_timeout_ms = opts->stall_timeout_ms;
     s->lease_timeout_ms = opts->lease_timeout_ms;
     s->max_connections = opts->max_connections;
+    s->idle_timeout_ms = opts->idle_timeout_ms;
+    s->max_buffered_bytes = opts->max_buffered_bytes;
+    s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
+    if (!s->peers) {
+        rc = GDRKV_E_INTERNAL;
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     s->started_ns = gk_now_ns();
 
     struct store_opts so = {

@@ -34,6 +34,10 @@
 /* Buffers above this are freed after their frame instead of being kept
  * for the next one, so pooled idle connections stay small. */
 #define CONN_KEEP_BYTES (256u << 10)
+/* Bodies up to this size never wait for max_buffered_bytes: the frames of
+ * ordinary batches must go on while big ones queue. */
+#define CONN_SMALL_BODY (64u << 10)
+
 
 enum step {
     STEP_CLOSE = -1,    /* the connection is finished */
@@ -41,7 +45,7 @@ enum step {
     STEP_MORE = 1       /* progress made; run the next step */
 };
 
-int server_conn_open(struct server_worker *w, int fd, int local)
+int server_conn_open(struct server_worker *w, int fd, int local, const struct server_peer *peer)
 {
     struct server_conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -49,10 +53,11 @@ int server_conn_open(struct server_worker *w, int fd, int local)
     c->fd = fd;
     c->worker = w;
     c->local = local;
+    c->peer = *peer;
     c->pass_fd = -1;
     c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
     c->events = EPOLLIN;
-    c->last_progress_ns = gk_now_ns();
+    c->last_progress_ns = c->opened_ns = gk_now_ns();
     struct epoll_event ev = {.events = c->events, .data.ptr = c};
     if (epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         free(c);
@@ -79,19 +84,44 @@ void server_conn_close(struct server_conn *c)
         w->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    /* Gives back the slot the worker took for this connection at accept. */
-    __atomic_fetch_sub(&w->server->connections, 1, __ATOMIC_RELAXED);
+    /* Gives back the slots the worker took for this connection at accept. */
+    server_conn_slot_give(w->server, c->local, &c->peer);
+    __atomic_fetch_sub(&w->server->buffered_bytes, c->body_cap, __ATOMIC_RELAXED);
     free(c->body);
     free(c->out);
     free(c->batch.entries);
     free(c);
 }
 
-int server_conn_stalled(const struct server_conn *c, uint64_t now_ns)
+void server_conn_slot_give(struct gdrkv_server *s, int local, const struct server_peer *peer)
 {
-    int mid_frame = c->state != CONN_READ_HDR || c->hdr_got > 0;
-    uint64_t limit_ns = (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull;
-    return mid_frame && now_ns - c->last_progress_ns >= limit_ns;
+    if (local) {
+        __atomic_fetch_sub(&s->local_connections, 1, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+        server_peers_give(s->peers, peer);
+    }
+}
+
+enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64_t now_ns)
+{
+    const struct gdrkv_server *s = c->worker->server;
+    uint64_t stall_ns = (uint64_t)s->stall_timeout_ms * 1000000ull;
+    int between_frames = c->state == CONN_READ_HDR && c->hdr_got == 0;
+
+    if (c->answer_deadline_ns && now_ns >= c->answer_deadline_ns)
+        return CONN_OVERDUE_ANSWER;
+    if (c->request_deadline_ns && now_ns >= c->request_deadline_ns)
+        return CONN_OVERDUE_REQUEST;
+    if (!between_frames && c->state != CONN_WAIT_BUFFER && now_ns - c->last_progress_ns >= stall_ns)
+        return CONN_OVERDUE_STALLED;
+    /* A stranger gets the stall timeout to authenticate, a client the
+     * idle timeout between frames. */
+    uint64_t idle_ns = c->auth == CONN_AUTH_DONE ? (uint64_t)s->idle_timeout_ms * 1000000ull
+                                                 : stall_ns;
+    if (between_frames && now_ns - c->opened_ns >= idle_ns)
+        return CONN_OVERDUE_IDLE;
+    return CONN_OVERDUE_NO;
 }
 
 /* ------------------------------------------------------------ buffers */
@@ -145,6 +175,7 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
     if (server_reply_error(c, code, msg, (size_t)len))
         return STEP_CLOSE;
     c->close_after_write |= !keep;     /* a dropped reservation may have set it */
+    c->request_deadline_ns = 0;        /* what is left of the request is not read */
     c->state = CONN_WRITE;
     return STEP_MORE;
 }
@@ -155,6 +186,8 @@ static enum step execute(struct server_conn *c)
         return STEP_CLOSE;
     c->frame_executed = 1;
     c->state = c->req.opcode == GK_OP_PUT ? CONN_READ_PAYLOAD : CONN_WRITE;
+    if (c->state == CONN_WRITE)
+        c->request_deadline_ns = 0;     /* all of it is in */
     return STEP_MORE;
 }
 
@@ -183,6 +216,12 @@ static enum step on_header(struct server_conn *c)
         return reject(c, GDRKV_E_DENIED, 0, "this server serves only clients that hold its "
                       "token: give the client token_file= (or GDRKV_TOKEN_FILE)");
     }
+    /* The whole request (header, body, payload; read or skipped) must be
+     * in by a deadline that grows with its size, however its bytes trickle. */
+    if (rc != GDRKV_E_TOO_LARGE)
+        c->request_deadline_ns = c->first_byte_ns +
+                                 (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull +
+                                 ((h->body_len + h->payload_len) >> 20) * CONN_REQUEST_NS_PER_MIB;
     if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !server_ops_allowed(c, h->opcode))) {
         /* Lengths were checked before the opcode, so skipping is bounded. */
         c->skip_left = h->body_len + h->payload_len;
@@ -198,12 +237,41 @@ static enum step on_header(struct server_conn *c)
                       gk_op_name(h->opcode), h->count, h->body_len,
                       (unsigned long long)h->payload_len);
 
-    /* The limits just checked bound both allocations. The batch arrays are
+    /* The limits just checked bound the allocation. The batch arrays are
      * never empty, so even a zero-key request hands the store real arrays. */
-    if (gk_buf_reserve(&c->body, &c->body_cap, h->body_len) < 0 ||
-        batch_reserve(&c->batch, GK_MAX(h->count, 1u)) < 0)
+    if (batch_reserve(&c->batch, GK_MAX(h->count, 1u)) < 0)
         return STEP_CLOSE;
     c->body_got = 0;
+    c->state = CONN_WAIT_BUFFER;
+    return STEP_MORE;
+}
+
+/* The body's buffer, within max_buffered_bytes over all connections: a
+ * frame that would pass it waits here, unread (back-pressure), and the
+ * worker's tick tries again; small bodies never wait. */
+static enum step wait_buffer(struct server_conn *c)
+{
+    struct gdrkv_server *s = c->worker->server;
+    uint32_t len = c->req.body_len;
+
+    if (len > c->body_cap) {
+        uint64_t more = len - c->body_cap;
+        uint64_t total = __atomic_add_fetch(&s->buffered_bytes, more, __ATOMIC_RELAXED);
+        if (len > CONN_SMALL_BODY && total > s->max_buffered_bytes) {
+            __atomic_fetch_sub(&s->buffered_bytes, more, __ATOMIC_RELAXED);
+            if (!c->waited_for_buffer)
+                gk_counter_add(&c->worker->counters.frames_waited_for_buffer, 1);
+            c->waited_for_buffer = 1;
+            return STEP_WAIT;
+        }
+        size_t before = c->body_cap;
+        int rc = gk_buf_reserve(&c->body, &c->body_cap, len);
+        /* Count what the buffer really is (0 after a failure). */
+        __atomic_fetch_sub(&s->buffered_bytes, more - (c->body_cap - before), __ATOMIC_RELAXED);
+        if (rc < 0)
+            return STEP_CLOSE;
+    }
+    c->waited_for_buffer = 0;
     c->state = CONN_READ_BODY;
     return STEP_MORE;
 }
@@ -214,6 +282,15 @@ static enum step on_body(struct server_conn *c)
         int rc = gk_parse_request_body(&c->req, c->body, &c->ns, c->batch.entries);
         if (rc)
             return reject(c, rc, 0, "malformed %s body", gk_op_name(c->req.opcode));
+        if (c->req.opcode == GK_OP_GET) {
+            uint64_t capacity = 0;
+            for (uint32_t i = 0; i < c->req.count; i++)
+                capacity += GK_MIN(c->batch.entries[i].size, GK_MAX_GET_CAPACITY + 1);
+            if (capacity > GK_MAX_GET_CAPACITY)
+                return reject(c, GDRKV_E_TOO_LARGE, 0, "GET of %llu destination bytes: at most "
+                              "%llu per frame", (unsigned long long)capacity,
+                              (unsigned long long)GK_MAX_GET_CAPACITY);
+        }
         memset(c->batch.sizes, 0, c->req.count * sizeof *c->batch.sizes);
     }
     return execute(c);
@@ -231,8 +308,12 @@ static enum step on_written(struct server_conn *c)
                         (gk_now_ns() - c->frame_start_ns) / 1000);
     if (c->close_after_write)
         return STEP_CLOSE;
+    size_t body_cap = c->body_cap;
     shrink(&c->body, &c->body_cap);
+    __atomic_fetch_sub(&w->server->buffered_bytes, body_cap - c->body_cap, __ATOMIC_RELAXED);
     shrink(&c->out, &c->out_cap);
+    c->opened_ns = gk_now_ns();
+    c->answer_deadline_ns = 0;
     c->frame_executed = 0;
     c->payload = (struct server_payload){0};
     c->hdr_got = 0;
@@ -267,6 +348,11 @@ static enum step read_header(struct server_conn *c)
     ssize_t n = moved(c, recv(c->fd, c->hdr_raw + c->hdr_got, GK_HDR_SIZE - c->hdr_got, 0));
     if (n <= 0)
         return step_of(n);
+    if (c->hdr_got == 0) {
+        c->first_byte_ns = c->last_progress_ns;
+        c->request_deadline_ns = c->first_byte_ns +
+                                 (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull;
+    }
     c->hdr_got += (uint32_t)n;
     return c->hdr_got == GK_HDR_SIZE ? on_header(c) : STEP_MORE;
 }
@@ -314,6 +400,7 @@ static enum step read_payload(struct server_conn *c)
         return STEP_MORE;
     if (server_ops_finish_put(c) < 0)
         return STEP_CLOSE;
+    c->request_deadline_ns = 0;
     c->state = CONN_WRITE;
     return STEP_MORE;
 }
@@ -365,6 +452,7 @@ static enum step run_step(struct server_conn *c)
 {
     switch (c->state) {
     case CONN_READ_HDR: return read_header(c);
+    case CONN_WAIT_BUFFER: return wait_buffer(c);
     case CONN_READ_BODY: return read_body(c);
     case CONN_SKIP: return skip_frame(c);
     case CONN_READ_PAYLOAD: return read_payload(c);
@@ -390,7 +478,10 @@ void server_conn_on_event(struct server_conn *c)
 
     for (int i = 0; i < CONN_STEPS_PER_EVENT && s == STEP_MORE; i++)
         s = run_step(c);
-    if (s == STEP_CLOSE || listen_for(c, c->state == CONN_WRITE ? EPOLLOUT : EPOLLIN) < 0) {
+    uint32_t events = c->state == CONN_WRITE         ? EPOLLOUT
+                      : c->state == CONN_WAIT_BUFFER ? 0     /* unread until there is room */
+                                                     : EPOLLIN;
+    if (s == STEP_CLOSE || listen_for(c, events) < 0) {
         server_conn_close(c);
         return;
     }

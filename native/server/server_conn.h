@@ -12,18 +12,32 @@
 
 #include <stdint.h>
 
+#include "server_peers.h"
+
+struct gdrkv_server;
 struct server_conn;
 struct server_worker;
 
-/* Takes over an accepted socket. Returns 0, or -1 with fd left to the caller. */
-int server_conn_open(struct server_worker *w, int fd, int local);
+/* Takes over an accepted socket and the slots accept took for it (a local
+ * one, or a tcp one and peer's). Returns 0, or -1 with fd and the slots
+ * left to the caller. */
+int server_conn_open(struct server_worker *w, int fd, int local, const struct server_peer *peer);
+/* Gives back the slots accept took for a connection. */
+void server_conn_slot_give(struct gdrkv_server *s, int local, const struct server_peer *peer);
 /* Runs the state machine as far as the socket allows (bounded, so one busy
  * client can't starve the others); may close and free c. A connection
  * stopped by the bound is marked runnable (and its worker too): the worker
  * must run it again without waiting for an event, which may never come. */
 void server_conn_on_event(struct server_conn *c);
-/* Mid-frame and no byte moved for the server's stall timeout. */
-int server_conn_stalled(const struct server_conn *c, uint64_t now_ns);
+/* Why the worker's tick must close c now, if it must. */
+enum server_conn_overdue {
+    CONN_OVERDUE_NO,
+    CONN_OVERDUE_STALLED,   /* mid-frame, no byte moved for stall_timeout_ms */
+    CONN_OVERDUE_REQUEST,   /* the request is not in by its deadline (size-scaled) */
+    CONN_OVERDUE_ANSWER,    /* a tcp GET's pinned values not read by theirs */
+    CONN_OVERDUE_IDLE       /* no frame for idle_timeout_ms (stall_timeout_ms before AUTH) */
+};
+enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64_t now_ns);
 /* Releases what the frame holds in the store, closes and frees c. */
 void server_conn_close(struct server_conn *c);
 

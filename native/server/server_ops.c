@@ -73,6 +73,13 @@ static int op_get(struct server_conn *c)
 
     server_payload_start(&c->payload, store_base(store_of(c)), b->entries, b->objs, n, 0,
                          payload_len);
+    /* Pins last as long as a lease would (a little longer per MiB, since
+     * the bytes go through a socket): a reader that stalls loses its
+     * connection instead of keeping writers out of the pool. */
+    if (payload_len)
+        c->answer_deadline_ns = gk_now_ns() +
+                                (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+                                (payload_len >> 20) * CONN_ANSWER_NS_PER_MIB;
     return server_reply_results(c, n, b->status, b->sizes, payload_len);
 }
 

@@ -28,6 +28,7 @@
 #include "common/protocol.h"
 #include "common/stats.h"
 #include "server_payload.h"
+#include "server_peers.h"
 
 struct server_rdma;
 struct server_rdma_conn;
@@ -37,6 +38,10 @@ struct store;
 #define SERVER_TICK_MS 100          /* how often workers look for stalled connections */
 #define SERVER_SCRATCH_SIZE (64u << 10)
 #define SERVER_STATS_MAX (16u << 10)
+/* The slowest a request may arrive (after stall_timeout_ms of grace) and a
+ * tcp GET's values be read (after lease_timeout_ms): 1 s and 10 ms per MiB. */
+#define CONN_REQUEST_NS_PER_MIB 1000000000ull
+#define CONN_ANSWER_NS_PER_MIB 10000000ull
 
 /* Every plain counter of a worker, X(name, what it counts): this one list
  * declares the fields, sums them over the workers and prints them
@@ -45,6 +50,11 @@ struct store;
 #define SERVER_COUNTERS(X)                                                          \
     X(connections_total, "connections accepted")                                    \
     X(connections_rejected, "connections refused at accept (over max_connections)") \
+    X(connections_rejected_peer, "of those, over max_connections_per_peer")         \
+    X(connections_idle_closed, "closed after idle_timeout_ms without a frame")       \
+    X(frames_too_slow, "requests not complete by their deadline: closed")             \
+    X(frames_waited_for_buffer, "request bodies that waited for max_buffered_bytes")  \
+    X(get_pins_expired, "tcp GETs whose reader was too slow: closed, pins dropped")    \
     X(bytes_in, "PUT payload bytes received")                                       \
     X(bytes_out, "GET payload bytes sent")                                          \
     X(frames_bad, "malformed or rejected frames")                                   \
@@ -92,8 +102,13 @@ struct gdrkv_server {
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
     uint32_t stall_timeout_ms;
-    uint32_t max_connections;
-    uint32_t connections;           /* open connections over all workers (atomic) */
+    uint32_t idle_timeout_ms;
+    uint32_t max_connections;       /* tcp; local (unix) connections have as many apart */
+    uint32_t connections;           /* open tcp connections over all workers (atomic) */
+    uint32_t local_connections;     /* open unix ones (atomic) */
+    struct server_peers *peers;     /* tcp connections per peer address */
+    uint64_t max_buffered_bytes;
+    uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
     int nthreads;                   /* worker threads actually running */
@@ -122,6 +137,7 @@ struct gdrkv_server {
 
 enum server_conn_state {
     CONN_READ_HDR,          /* between frames, or part of a header read */
+    CONN_WAIT_BUFFER,       /* header read; its body waits for max_buffered_bytes room */
     CONN_READ_BODY,
     CONN_SKIP,              /* dropping body and payload of a frame we can't serve */
     CONN_READ_PAYLOAD,      /* PUT values, into reserved chunks */
@@ -162,18 +178,24 @@ struct server_conn {
     enum server_conn_hold holds;
     uint32_t events;                /* epoll interest registered now */
     int local;                      /* on the unix socket: shm allowed */
+    struct server_peer peer;        /* tcp: whose per-peer slot it holds */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     int runnable;                   /* stopped at the step bound with work left */
+    int waited_for_buffer;          /* this frame is counted in frames_waited_for_buffer */
     uint64_t last_progress_ns;      /* last time a byte moved: stall detection */
+    uint64_t opened_ns;             /* accepted, or the last frame answered: idle detection */
+    uint64_t first_byte_ns;         /* the request's first header byte arrived */
     uint64_t frame_start_ns;        /* header complete: op latency */
+    uint64_t request_deadline_ns;   /* the whole request must be in by then */
+    uint64_t answer_deadline_ns;    /* a GET's pinned values must be out by then */
 
     uint8_t hdr_raw[GK_HDR_SIZE];
     uint32_t hdr_got;
     struct gk_hdr req;
 
     uint8_t *body;
-    size_t body_cap;
+    size_t body_cap;                /* counted in the server's buffered_bytes */
     uint32_t body_got;
     uint64_t skip_left;
 

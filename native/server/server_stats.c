@@ -48,6 +48,9 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     gk_text_u64(t, "uptime_seconds", (gk_now_ns() - s->started_ns) / 1000000000ull);
     gk_text_u64(t, "workers", (uint64_t)s->nworkers);
     gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));
+    gk_text_u64(t, "local_connections_current",
+                __atomic_load_n(&s->local_connections, __ATOMIC_RELAXED));
+    gk_text_u64(t, "buffered_bytes", __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
     SERVER_COUNTERS(COUNTER_LINE)
     server_rdma_stats(s, t);

@@ -2,7 +2,9 @@
  * server_worker.c - a worker thread: its own epoll instance holding the
  * shared listening sockets, tcp and unix (EPOLLEXCLUSIVE, so one worker
  * wakes per new connection), the stop eventfd, and the connections it accepted. It wakes
- * at least every SERVER_TICK_MS to close connections that stalled mid-frame.
+ * at least every SERVER_TICK_MS to expire leases, close the connections that
+ * are overdue (stalled, too slow, idle: server_conn.h) and retry the frames
+ * that wait for buffer room.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -81,6 +83,32 @@ int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
     return 0;
 }
 
+/* The slots a new connection takes (server_conn_close gives them back):
+ * one of max_connections, counted apart for local and tcp clients so a tcp
+ * flood can't lock the local engines out, and for tcp one of its peer's
+ * max_connections_per_peer, so no one host takes them all. */
+static int take_slots(struct server_worker *w, int fd, int local, struct server_peer *peer)
+{
+    struct gdrkv_server *s = w->server;
+    uint32_t *open = local ? &s->local_connections : &s->connections;
+
+    if (__atomic_fetch_add(open, 1, __ATOMIC_RELAXED) >= s->max_connections) {
+        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
+        gk_counter_add(&w->counters.connections_rejected, 1);
+        GK_DEBUG("%s connection refused: max_connections %u reached", local ? "unix" : "tcp",
+                 s->max_connections);
+        return -1;
+    }
+    if (!local && (server_peer_of(fd, peer) < 0 || server_peers_take(s->peers, peer) < 0)) {
+        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
+        gk_counter_add(&w->counters.connections_rejected, 1);
+        gk_counter_add(&w->counters.connections_rejected_peer, 1);
+        GK_DEBUG("connection refused: its peer has max_connections_per_peer open");
+        return -1;
+    }
+    return 0;
+}
+
 /* local: connections on the unix socket, which may use shm. */
 static void accept_connections(struct server_worker *w, int listen_fd, int local)
 {
@@ -101,18 +129,15 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
             GK_WARN("unix connection from another user refused");
             continue;
         }
-        /* Take a slot; server_conn_close gives it back. */
-        if (__atomic_fetch_add(&s->connections, 1, __ATOMIC_RELAXED) >= s->max_connections) {
-            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
-            gk_counter_add(&w->counters.connections_rejected, 1);
+        struct server_peer peer = {0};
+        if (take_slots(w, fd, local, &peer) < 0) {
             close(fd);
-            GK_DEBUG("connection refused: max_connections %u reached", s->max_connections);
             continue;
         }
         if (!local)
             gk_set_nodelay(fd);
-        if (server_conn_open(w, fd, local) < 0) {
-            __atomic_fetch_sub(&s->connections, 1, __ATOMIC_RELAXED);
+        if (server_conn_open(w, fd, local, &peer) < 0) {
+            server_conn_slot_give(s, local, &peer);
             close(fd);
             GK_WARN("cannot set up a connection: %s", strerror(errno));
             continue;
@@ -122,18 +147,40 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
     }
 }
 
+/* Closes c when it is overdue (server_conn.h says for what), counting why. */
+static void close_if_overdue(struct server_worker *w, struct server_conn *c, uint64_t now_ns)
+{
+    static const char *const why[] = {
+        [CONN_OVERDUE_STALLED] = "no progress mid-frame",
+        [CONN_OVERDUE_REQUEST] = "request not in by its deadline",
+        [CONN_OVERDUE_ANSWER] = "GET values not read by their deadline",
+        [CONN_OVERDUE_IDLE] = "idle",
+    };
+    enum server_conn_overdue overdue = server_conn_overdue(c, now_ns);
+    if (overdue == CONN_OVERDUE_NO)
+        return;
+    if (overdue == CONN_OVERDUE_REQUEST)
+        gk_counter_add(&w->counters.frames_too_slow, 1);
+    else if (overdue == CONN_OVERDUE_ANSWER)
+        gk_counter_add(&w->counters.get_pins_expired, 1);
+    else if (overdue == CONN_OVERDUE_IDLE)
+        gk_counter_add(&w->counters.connections_idle_closed, 1);
+    GK_DEBUG("fd %d: %s, closing", c->fd, why[overdue]);
+    server_conn_close(c);
+}
+
 static void tick(struct server_worker *w, uint64_t now_ns)
 {
-    struct server_conn *c = w->conns;
-    while (c) {
-        struct server_conn *next = c->next;
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
         server_ops_expire(c, now_ns);
-        if (server_conn_stalled(c, now_ns)) {
-            GK_DEBUG("fd %d: no progress mid-frame for %u ms, closing", c->fd,
-                     w->server->stall_timeout_ms);
-            server_conn_close(c);
-        }
-        c = next;
+        close_if_overdue(w, c, now_ns);
+    }
+    /* Frames waiting for buffer room try again (server_conn.c). */
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->state == CONN_WAIT_BUFFER)
+            server_conn_on_event(c);
     }
     if (!w->accepting && watch_listeners(w) < 0)
         GK_WARN("cannot watch the listening sockets again: %s", strerror(errno));
