@@ -33,12 +33,15 @@
 #include "index.h"
 #include "pool.h"
 
-/* Objects one reservation (or one store_maintain call) may look at while
- * evicting: enough to empty two whole pages of the smallest class, which
- * LRU order tends to do since objects allocated together age together, yet
- * only a few milliseconds of work, so a pool full of pinned or tiny objects
- * can't stall the batch; the reservation then fails with NO_SPACE. */
-#define STORE_EVICT_SCAN_MAX (2 * ALLOC_PAGE_SIZE / ALLOC_MIN_CHUNK)
+/* Objects one batch of reservations may look at while evicting, over all
+ * its keys and under one hold of the lock: two per key of the largest
+ * batch, about a millisecond of work, so a pool full of pinned or tiny
+ * objects can't stall every other client behind the lock; the keys that
+ * find no room fail with NO_SPACE. Bigger clean-ups are the background's
+ * (store_maintain), which lets go of the lock every STORE_EVICT_ROUND. */
+#define STORE_EVICT_SCAN_PER_CALL (2 * GK_MAX_KEYS)
+#define STORE_EVICT_ROUND 1024
+#define STORE_EVICT_ROUNDS_PER_CALL 256
 #define STORE_INDEX_BUCKETS 4096
 
 #define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
@@ -312,17 +315,17 @@ static int evict_lru(struct store *s, uint32_t *scan_left)
     return 0;
 }
 
-/* Gives o all its chunks, evicting while the allocator is out of room. On
- * failure o keeps the chunks it got (o->nchunks) for obj_unlink to free. */
-static int fill_chunks(struct store *s, struct store_obj *o)
+/* Gives o all its chunks, evicting while the allocator is out of room,
+ * within the batch's *scan_left. On failure o keeps the chunks it got
+ * (o->nchunks) for obj_unlink to free. */
+static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left)
 {
     uint32_t want = alloc_nchunks(o->size);
-    uint32_t scan_left = STORE_EVICT_SCAN_MAX;
     while (o->nchunks < want) {
         uint64_t len = alloc_piece_len(o->size, o->nchunks), off;
         if (alloc_get(&s->alloc, len, &off) == 0)
             o->chunks[o->nchunks++] = (struct store_chunk){off, len};
-        else if (!evict_lru(s, &scan_left))
+        else if (!evict_lru(s, scan_left))
             return -1;
     }
     return 0;
@@ -481,9 +484,10 @@ static int reserved_by(struct store_obj *const *objs, uint32_t n, const struct s
     return 0;
 }
 
-/* Reserves entry i of a batch into objs[i]. */
+/* Reserves entry i of a batch into objs[i], evicting within *scan_left. */
 static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
-                           const struct gk_entry *e, struct store_obj **objs, uint32_t i)
+                           const struct gk_entry *e, struct store_obj **objs, uint32_t i,
+                           uint32_t *scan_left)
 {
     struct store_obj *found;
 
@@ -513,7 +517,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
     index_insert(&s->objects, &o->node);
     dlink_push_head(&(*space)->objs, &o->ns_link);
     s->st.reserved_objects++;
-    if (fill_chunks(s, o) != 0) {
+    if (fill_chunks(s, o, scan_left) != 0) {
         obj_unlink(s, o);
         if (ns_drop_if_empty(s, *space))
             *space = NULL;
@@ -527,12 +531,14 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
 void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                          uint32_t n, struct store_obj **objs, int32_t *status)
 {
+    uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
     pthread_mutex_lock(&s->lock);
     int name_ok = ns_name_ok(ns);
     struct store_ns *space = name_ok ? ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
-        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i) : GDRKV_E_INVALID;
+        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i, &scan_left)
+                            : GDRKV_E_INVALID;
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -604,15 +610,21 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
 uint64_t store_maintain(struct store *s)
 {
     uint64_t evicted = 0;
-    uint32_t scan_left = STORE_EVICT_SCAN_MAX;
-    pthread_mutex_lock(&s->lock);
-    if (s->alloc.used_bytes > s->high_bytes)
-        s->draining = 1;
-    while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left))
-        evicted++;
-    if (s->alloc.used_bytes <= s->low_bytes)
-        s->draining = 0;
-    pthread_mutex_unlock(&s->lock);
+    int more = 1;
+    /* In rounds, letting go of the lock in between: the clients' batches
+     * get in while the background drains a pool down to low_bytes. */
+    for (int round = 0; more && round < STORE_EVICT_ROUNDS_PER_CALL; round++) {
+        uint32_t scan_left = STORE_EVICT_ROUND;
+        pthread_mutex_lock(&s->lock);
+        if (s->alloc.used_bytes > s->high_bytes)
+            s->draining = 1;
+        while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left))
+            evicted++;
+        if (s->alloc.used_bytes <= s->low_bytes)
+            s->draining = 0;
+        more = s->draining && scan_left == 0;
+        pthread_mutex_unlock(&s->lock);
+    }
     return evicted;
 }
 

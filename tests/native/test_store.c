@@ -648,6 +648,39 @@ static void test_big_object_evicts_small_ones(void)
     store_close(s);
 }
 
+/* A batch evicts at most 2 x GK_MAX_KEYS objects under one hold of the
+ * lock, over all its keys (it used to be 32768 per key): in a pool full of
+ * 64-byte objects a 1 MiB key needs more than a page's 16384 evictions, so
+ * the batch runs out of budget and its last key finds no room. The
+ * background drains the rest, in rounds. */
+static void test_eviction_work_per_batch_is_bounded(void)
+{
+    struct store *s = open_store_wm(8 * MiB, 0.5, 0.25);
+    char key[32];
+    int n = 0;
+    while (stats_of(s).evictions == 0)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, n++), 64, 1), 0);
+    uint64_t before = stats_of(s).evictions;
+    struct gk_ns space = ns_of("");
+    struct gk_entry e[3] = {entry_of("big-0", MiB), entry_of("big-1", MiB),
+                            entry_of("big-2", MiB)};
+    struct store_obj *objs[3];
+    int32_t status[3];
+    store_reserve_batch(s, &space, e, 3, objs, status);
+    uint64_t evicted = stats_of(s).evictions - before;
+    CHECK(evicted <= 2 * GK_MAX_KEYS, "one batch evicted %llu objects",
+          (unsigned long long)evicted);
+    CHECK(evicted >= GK_MAX_KEYS, "the batch tried: %llu evicted", (unsigned long long)evicted);
+    CHECK_EQ(status[2], GDRKV_E_NO_SPACE);
+    store_abort_batch(s, objs, 3);
+    /* The background is not bounded per call the same way: it drains to
+     * the low watermark, letting go of the lock between rounds. */
+    uint64_t drained = store_maintain(s);
+    CHECK(drained > 2 * GK_MAX_KEYS, "store_maintain evicted %llu", (unsigned long long)drained);
+    CHECK(stats_of(s).pool_used_bytes <= 2 * MiB + MiB, "drained to the low watermark");
+    store_close(s);
+}
+
 /* --------------------------------------------------------- random model */
 
 /*
@@ -1011,6 +1044,7 @@ int main(void)
     RUN(test_watermarks);
     RUN(test_limits);
     RUN(test_big_object_evicts_small_ones);
+    RUN(test_eviction_work_per_batch_is_bounded);
     RUN(test_random_churn_matches_model);
     RUN(test_threads);
     return check_done("test_store");
