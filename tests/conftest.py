@@ -226,6 +226,16 @@ def python_child(code, *args, env=None, timeout=120):
     return done.stdout
 
 
+def build_preload(name, directory):
+    """tests/native/<name>.c built as an LD_PRELOAD shim into directory;
+    returns the LD_PRELOAD value that adds it to this environment's (after
+    the sanitizer runtimes, which must come first)."""
+    shim = os.path.join(str(directory), name + ".so")
+    source = os.path.join(os.path.dirname(__file__), "native", name + ".c")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, source, "-ldl"], check=True)
+    return f"{os.environ.get('LD_PRELOAD', '')} {shim}".strip()
+
+
 def unique(prefix="t"):
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 

@@ -21,7 +21,7 @@ import pytest
 
 import gdrkv
 import wire
-from conftest import batch_get_bytes, content, stat, unique, wait_for
+from conftest import batch_get_bytes, build_preload, content, stat, unique, wait_for
 from gdrkv import errors
 
 NOBODY = 65534
@@ -340,10 +340,7 @@ def test_client_refuses_hostile_lease_answers(tmp_path):
 def refuse_seals(tmp_path, monkeypatch):
     """Servers started from now on run with fcntl(F_ADD_SEALS) failing, as
     on a kernel without F_SEAL_FUTURE_WRITE (tests/native/refuse_seals.c)."""
-    shim = tmp_path / "refuse_seals.so"
-    source = os.path.join(os.path.dirname(__file__), "native", "refuse_seals.c")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), source, "-ldl"], check=True)
-    monkeypatch.setenv("LD_PRELOAD", f"{os.environ.get('LD_PRELOAD', '')} {shim}".strip())
+    monkeypatch.setenv("LD_PRELOAD", build_preload("refuse_seals", tmp_path))
 
 
 def test_unsealable_pool_serves_tcp_only(refuse_seals, server_factory, make_client):

@@ -12,7 +12,8 @@ import pytest
 
 import gdrkv
 import wire
-from conftest import batch_get_bytes, batch_put_bytes, content, drain
+from conftest import (batch_get_bytes, batch_put_bytes, build_preload, content, drain,
+                      python_child)
 from gdrkv import errors
 
 TIMEOUT_MS = 500
@@ -179,3 +180,22 @@ def test_interpreter_exit_waits_for_calls_in_flight():
     done = subprocess.run([sys.executable, "-c", EXIT_WHILE_A_CALL_IS_IN_FLIGHT],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+SLOW_NAME = """
+client = gdrkv.Client("gdrkv://cache.unanswered.example:7480", timeout_ms=500,
+                      connect_timeout_ms=300)
+started = time.monotonic()
+results = client.batch_sizes(["k"])
+print(results[0], round(time.monotonic() - started, 2))
+"""
+
+
+def test_a_name_that_does_not_resolve_costs_only_the_timeout(tmp_path):
+    """Name resolution is bounded by the call's deadline: with a DNS server
+    that does not answer (tests/native/slow_dns.c makes every lookup of a
+    name take 10 s), the call still returns in about its 500 ms."""
+    env = {"LD_PRELOAD": build_preload("slow_dns", tmp_path), "SLOW_DNS_SECONDS": "10"}
+    result, took = python_child(SLOW_NAME, env=env).split()
+    assert int(result) in (errors.E_TIMEOUT, errors.E_UNAVAILABLE)
+    assert float(took) < 3.0, f"the call took {took} s"

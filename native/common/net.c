@@ -9,9 +9,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -69,6 +71,18 @@ static int resolve(const struct gk_addr *a, int passive, struct addrinfo **res)
     hints.ai_flags = passive ? AI_PASSIVE : 0;
     snprintf(port, sizeof port, "%u", a->port);
     return getaddrinfo(a->host, port, &hints, res);
+}
+
+/* Pooled client connections may sit idle for minutes: keepalive probes
+ * find a peer that vanished (a host that died, a NAT that forgot us)
+ * within about a minute instead of at the next call's timeout. */
+static void set_keepalive(int fd)
+{
+    int on = 1, idle = 30, interval = 10, count = 3;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
 }
 
 void gk_set_nodelay(int fd)
@@ -202,13 +216,101 @@ int gk_poll_ms_left(uint64_t deadline_ns)
     return ms > 1000000 ? 1000000 : (int)ms;
 }
 
+/* A name lookup that may outlive the caller's deadline: the thread owns
+ * the job; whoever finishes last (caller or thread) frees it. */
+struct lookup {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cond;
+    int done, abandoned, rc;
+    struct gk_addr addr;
+    struct addrinfo *res;
+};
+
+static void lookup_free(struct lookup *l)
+{
+    if (l->res)
+        freeaddrinfo(l->res);
+    pthread_cond_destroy(&l->done_cond);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+static void *lookup_main(void *arg)
+{
+    struct lookup *l = arg;
+    struct addrinfo *res = NULL;
+    int rc = resolve(&l->addr, 0, &res);
+    pthread_mutex_lock(&l->lock);
+    l->rc = rc;
+    l->res = res;
+    l->done = 1;
+    int abandoned = l->abandoned;
+    pthread_cond_signal(&l->done_cond);
+    pthread_mutex_unlock(&l->lock);
+    if (abandoned)
+        lookup_free(l);
+    return NULL;
+}
+
+/* getaddrinfo within the deadline: a numeric address at once; a name in a
+ * thread of its own, since a DNS server that does not answer would hold
+ * the call for the resolver's own timeouts (seconds). Returns 0,
+ * GDRKV_E_TIMEOUT or GDRKV_E_UNAVAILABLE. */
+static int resolve_until(const struct gk_addr *a, uint64_t deadline_ns, struct addrinfo **res)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICHOST};
+    char port[8];
+    snprintf(port, sizeof port, "%u", a->port);
+    if (getaddrinfo(a->host, port, &hints, res) == 0)
+        return 0;
+
+    struct lookup *l = calloc(1, sizeof *l);
+    pthread_t thread;
+    pthread_attr_t attr;
+    if (!l)
+        return GDRKV_E_UNAVAILABLE;
+    l->addr = *a;
+    pthread_condattr_t monotonic;       /* the deadline is on gk_now_ns's clock */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->done_cond, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int started = pthread_create(&thread, &attr, lookup_main, l) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started) {
+        lookup_free(l);
+        return GDRKV_E_UNAVAILABLE;
+    }
+    struct timespec until = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                             .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+    pthread_mutex_lock(&l->lock);
+    while (!l->done && pthread_cond_timedwait(&l->done_cond, &l->lock, &until) != ETIMEDOUT)
+        ;
+    int done = l->done, rc = l->rc;
+    l->abandoned = !done;
+    if (done) {
+        *res = l->res;
+        l->res = NULL;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!done)
+        return GDRKV_E_TIMEOUT;     /* the thread frees l when the lookup ends */
+    lookup_free(l);
+    return rc ? GDRKV_E_UNAVAILABLE : 0;
+}
+
 int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns)
 {
     struct addrinfo *res, *ai;
     int result = GDRKV_E_UNAVAILABLE;
 
-    if (resolve(a, 0, &res))
-        return GDRKV_E_UNAVAILABLE;
+    int rc = resolve_until(a, deadline_ns, &res);
+    if (rc)
+        return rc;
     for (ai = res; ai; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
@@ -226,6 +328,7 @@ int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns)
         socklen_t sl = sizeof soerr;
         if (ready == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) {
             gk_set_nodelay(fd);
+            set_keepalive(fd);
             result = fd;
             break;
         }

@@ -6,6 +6,8 @@
  * short, so every failure case is bounded; elapsed times are checked
  * against the client's deadline promise.
  */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <string.h>
@@ -1112,9 +1114,34 @@ static void test_churn(void)
     gdrkv_server_stop(sb);
 }
 
+/* Client connections probe a peer that went quiet (TCP keepalive), so a
+ * pooled connection to a host that died is found out within a minute. */
+static void test_keepalive(void)
+{
+    struct gk_addr a;
+    char err[200], name[64];
+    CHECK_EQ(gk_parse_addr("127.0.0.1:0", 0, &a), 0);
+    int listener = gk_listen_tcp(&a, 4, err, sizeof err);
+    CHECK(listener >= 0, "listen: %s", err);
+    gk_sock_name(listener, name, sizeof name);
+    CHECK_EQ(gk_parse_addr(name, 0, &a), 0);
+    int fd = gk_connect_tcp(&a, gk_now_ns() + 5000000000ull);
+    CHECK(fd >= 0, "connect %s: %d", name, fd);
+    int on = 0, idle = 0;
+    socklen_t len = sizeof on;
+    CHECK_EQ(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len), 0);
+    CHECK_EQ(on, 1);
+    len = sizeof idle;
+    CHECK_EQ(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &len), 0);
+    CHECK_EQ(idle, 30);
+    close(fd);
+    close(listener);
+}
+
 int main(void)
 {
     RUN(test_options);
+    RUN(test_keepalive);
     RUN(test_routing);
     test_one_server(GDRKV_TRANSPORT_TCP);
     test_one_server(GDRKV_TRANSPORT_SHM);

@@ -312,8 +312,15 @@ static void test_options(void)
     CHECK_EQ(o.max_connections, 4096);
     CHECK(o.unix_path == NULL, "shm on the default path");
     CHECK_EQ(o.lease_timeout_ms, 5000);
+    CHECK_EQ(o.max_connections_per_peer, 512);
+    CHECK_EQ(o.idle_timeout_ms, 300000);
+    CHECK_EQ(o.max_buffered_bytes, 256ull << 20);
+    CHECK(o.auth_token_file == NULL && o.insecure_no_auth == 0, "no token by default");
 
     o.lease_timeout_ms = 0;
+    CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_INVALID);
+    gdrkv_server_opts_init(&o);
+    o.max_buffered_bytes = 1 << 20;             /* less than one largest body */
     CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_INVALID);
     /* A socket in a directory others may write is refused. */
     gdrkv_server_opts_init(&o);
@@ -321,7 +328,7 @@ static void test_options(void)
     o.memory_bytes = 8 << 20;
     o.pretouch = 0;
     o.unix_path = "/tmp/gdrkv-test-refused.sock";
-    CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_UNAVAILABLE);
+    CHECK_EQ(gdrkv_server_start(&o, &s, err, sizeof err), GDRKV_E_DENIED);
     CHECK(s == NULL && strstr(err, "/tmp"), "refused: %s", err);
     gdrkv_server_opts_init(&o);
 
