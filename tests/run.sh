@@ -24,6 +24,10 @@ command -v make >/dev/null || need_apt+=(make)
 # itself (native/common/verbs_abi.h), and tests/native checks that declaration
 # against rdma-core's <infiniband/verbs.h>.
 [ -f /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
+# clang, for the coverage-guided libFuzzer run of the server connection
+# target (tests/native/fuzz_server.c); it must run, not skip.
+command -v clang >/dev/null || need_apt+=(clang)
+export GDRKV_REQUIRE_LIBFUZZER=1
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${need_apt[*]}"
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
