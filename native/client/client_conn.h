@@ -50,6 +50,7 @@ struct gpu_conn;
 struct client_conn {
     int fd;
     uint64_t next_req_id;
+    uint64_t idle_since_ns;     /* when it went back to its server's idle stack */
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
     struct client_copy_list copies; /* shm: the current LEASE's copies */
     struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */

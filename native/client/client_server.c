@@ -164,12 +164,24 @@ struct client_conn *client_server_pop_idle(struct client_server *s)
     pthread_mutex_lock(&s->lock);
     if (s->nidle)
         conn = s->idle[--s->nidle];
+    /* Servers close connections idle for their idle_timeout_ms (300 s by
+     * default): one idle that long may be closing under us right now, and
+     * a frame sent into that race fails. Long before, it is dropped here,
+     * with those under it on the stack, which are older still. */
+    int stale = conn && gk_now_ns() - conn->idle_since_ns > CLIENT_IDLE_MAX_MS * 1000000ull;
+    if (stale)
+        close_idle(s);
     pthread_mutex_unlock(&s->lock);
+    if (stale) {
+        client_conn_close(conn);
+        conn = NULL;
+    }
     return conn;
 }
 
 void client_server_push_idle(struct client_server *s, struct client_conn *conn)
 {
+    conn->idle_since_ns = gk_now_ns();
     pthread_mutex_lock(&s->lock);
     if (s->nidle < s->idle_cap) {
         s->idle[s->nidle++] = conn;

@@ -55,6 +55,10 @@ void client_server_destroy(struct client_server *s);
 int client_server_admit(struct client_server *s, uint64_t now_ns);
 int client_server_is_down(struct client_server *s);
 
+/* Pooled connections idle longer than this are closed instead of reused:
+ * well below the servers' idle timeout (docs/protocol.md). */
+#define CLIENT_IDLE_MAX_MS 60000
+
 /* Takes an idle connection, or NULL. */
 struct client_conn *client_server_pop_idle(struct client_server *s);
 /* Gives back a connection after a clean exchange (closed if the stack is full). */

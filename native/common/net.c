@@ -169,13 +169,14 @@ int gk_wait_fd(int fd, short events, uint64_t deadline_ns)
     return n > 0 ? 0 : n == 0 ? GDRKV_E_TIMEOUT : GDRKV_E_UNAVAILABLE;
 }
 
-int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+/* Moves exactly len bytes one way (send when out, else recv), waiting for
+ * the socket within the deadline. */
+static int move_all(int fd, uint8_t *p, size_t len, int out, uint64_t deadline_ns)
 {
-    const uint8_t *p = buf;
     while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            int rc = gk_wait_fd(fd, POLLOUT, deadline_ns);
+            int rc = gk_wait_fd(fd, out ? POLLOUT : POLLIN, deadline_ns);
             if (rc)
                 return rc;
             continue;
@@ -188,23 +189,14 @@ int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
     return 0;
 }
 
+int gk_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+{
+    return move_all(fd, (uint8_t *)(uintptr_t)buf, len, 1, deadline_ns);
+}
+
 int gk_recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            int rc = gk_wait_fd(fd, POLLIN, deadline_ns);
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (n <= 0)
-            return GDRKV_E_UNAVAILABLE;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return move_all(fd, buf, len, 0, deadline_ns);
 }
 
 int gk_poll_ms_left(uint64_t deadline_ns)
