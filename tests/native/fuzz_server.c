@@ -106,6 +106,14 @@ static size_t converse(int fd, const uint8_t *data, size_t size, uint8_t *buf, s
         }
         struct pollfd p = {.fd = fd, .events = POLLIN | (shut ? 0 : POLLOUT)};
         int n = poll(&p, 1, gk_poll_ms_left(deadline));
+        if (n < 0 && errno == EINTR)
+            continue;           /* libFuzzer's SIGALRM, once a second */
+        if (n <= 0) {
+            static char text[16 << 10];
+            gdrkv_server_stats(server, text, sizeof text);
+            fprintf(stderr, "sent %zu of %zu bytes, read %zu; the server's stats:\n%s", sent,
+                    size, got, text);
+        }
         check(n > 0, "the server neither answered nor closed in time");
         if (p.revents & POLLOUT) {
             ssize_t w = send(fd, data + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -138,6 +146,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                          : gk_connect_tcp(&tcp_addr, gk_now_ns() + 2000000000ull);
     check(fd >= 0, "connect to the server");
     size_t got = converse(fd, data + 1, size - 1, answers, sizeof answers);
+    /* Both sides have said all: a reset instead of a FIN leaves no
+     * TIME_WAIT behind, which thousands of connections a second would
+     * otherwise pile up. */
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
     close(fd);
     check_answers(answers, got);
     /* The server closed the connection, or saw it end: closing releases
