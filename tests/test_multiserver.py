@@ -3,6 +3,7 @@ agrees on, a lost server costing only its own keys, and recovery without
 recreating the client."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -179,3 +180,62 @@ def test_stopped_server_times_out_then_short_circuits(three, make_client):
     reversed_keys = KEYS[::-1]
     wait_for(lambda: all(r >= 0 for r in read_all(reversed_keys)[1]), 10,
              "the resumed server to serve again")
+
+
+def blackhole():
+    """A listening address that swallows SYNs: its accept queue is full and
+    never drained, so a connect to it neither completes nor fails. Returns
+    (address, what keeps it so)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    keep = [listener]
+    for _ in range(16):                     # connect until one hangs
+        s = socket.socket()
+        s.settimeout(0.2)
+        try:
+            s.connect(address)
+        except (TimeoutError, socket.timeout):
+            s.close()
+            return "%s:%d" % address, keep
+        keep.append(s)
+    raise AssertionError("the accept queue never filled")
+
+
+def test_a_server_that_swallows_syns_holds_up_no_other(server, make_client):
+    """The tcp connect happens in the call's poll loop: while one server's
+    connect hangs (until connect_timeout_ms), the other server's frames go
+    out at once, and its keys are served; only the silent one's fail."""
+    hole, keep = blackhole()
+    try:
+        ns = unique("hole")
+        writer = make_client(server.url, namespace=ns)
+        keys = [f"k{i}" for i in range(64)]
+        assert batch_put_bytes(writer, keys, [content(k, 1000) for k in keys]) == [0] * 64
+        client = make_client(f"gdrkv://{server.address},{hole}", namespace=ns, transport="tcp",
+                             timeout_ms=5000, connect_timeout_ms=2000)
+        before = stat(server.stats(), "ops_get")
+        served_at = []
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set() and not served_at:
+                if stat(server.stats(), "ops_get") > before:
+                    served_at.append(time.monotonic())
+                time.sleep(0.01)
+
+        with background(watch, stop=stop, timeout=30):
+            started = time.monotonic()
+            results, values = batch_get_bytes(client, keys, [1000] * 64)
+            took = time.monotonic() - started
+        mine = [r for r in results if r != errors.E_UNAVAILABLE]
+        assert mine and len(mine) < 64, "the keys should land on both servers"
+        assert all(r == 1000 for r in mine)
+        assert served_at and served_at[0] - started < 1.0, \
+            "the live server's frame waited for the other server's connect"
+        assert 2.0 <= took < 4.5, took              # the silent one's connect timeout
+        assert client.stats()["client"]["connect_failures"] >= 1
+    finally:
+        for s in keep:
+            s.close()

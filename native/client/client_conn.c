@@ -32,32 +32,6 @@
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
-/* The socket: the endpoint's unix socket with its pool mapped, where it
- * has one that answers; else tcp, unless the endpoint is shm only. With a
- * token, either is authenticated before anything else goes on it. */
-static int open_socket(struct client_endpoint *ep, uint64_t deadline_ns,
-                       struct client_pool **pool)
-{
-    int fd = GDRKV_E_UNAVAILABLE;
-
-    if (ep->unix_path[0]) {
-        fd = client_shm_connect(ep, deadline_ns, pool);
-        if (fd < 0 && !ep->shm_only)
-            GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
-                     gdrkv_strerror(fd));
-    }
-    /* A server that denied us over shm would deny us over tcp too. */
-    if (fd < 0 && fd != GDRKV_E_DENIED && !ep->shm_only) {
-        fd = gk_connect_tcp(&ep->addr, deadline_ns);
-        int rc = fd >= 0 && ep->token ? client_auth(fd, ep->token, ep->name, deadline_ns) : 0;
-        if (rc) {
-            close(fd);
-            fd = rc;
-        }
-    }
-    return fd;
-}
-
 /* rdma: the QPs made and the RDMA_HELLO sent on the fresh tcp socket fd,
  * its answer read by the call's poll loop, so a server that never answers
  * holds up only its own keys. A fresh socket takes its ~200 bytes. Returns
@@ -82,34 +56,91 @@ static int send_rdma_hello(struct client_endpoint *ep, int fd, struct client_rdm
     return fd;
 }
 
+/* The socket: the endpoint's unix socket with its pool mapped, where it
+ * has one that answers (authenticated first when there is a token);
+ * else a tcp connect, started here and finished by the call's poll loop
+ * (finish_connect), unless the endpoint is shm only. */
 struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns, int *err)
 {
     struct client_pool *pool = NULL;
-    struct client_rdma_conn *rdma = NULL;
-    int fd = open_socket(ep, deadline_ns, &pool);
+    struct gk_connecting *tcp = NULL;
+    int fd = GDRKV_E_UNAVAILABLE;
 
-    if (fd >= 0 && !pool && ep->rdma)
-        fd = send_rdma_hello(ep, fd, &rdma);
-    if (fd < 0) {
-        *err = fd;
-        return NULL;
+    if (ep->unix_path[0]) {
+        fd = client_shm_connect(ep, deadline_ns, &pool);
+        if (fd < 0 && !ep->shm_only)
+            GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
+                     gdrkv_strerror(fd));
     }
-    struct client_conn *c = calloc(1, sizeof *c);
+    /* A server that denied us over shm would deny us over tcp too. */
+    if (fd < 0 && fd != GDRKV_E_DENIED && !ep->shm_only) {
+        tcp = malloc(sizeof *tcp);
+        fd = !tcp ? GDRKV_E_INTERNAL : gk_connect_start(&ep->addr, deadline_ns, tcp);
+        fd = fd == 0 ? tcp->fd : fd;
+    }
+    struct client_conn *c = fd >= 0 ? calloc(1, sizeof *c) : NULL;
     if (!c) {
-        close(fd);
+        if (tcp)
+            gk_connect_abort(tcp);
+        else if (fd >= 0)
+            close(fd);
+        free(tcp);
         client_pool_put(pool);
-        client_rdma_conn_close(rdma);
-        *err = GDRKV_E_INTERNAL;
+        *err = fd < 0 ? fd : GDRKV_E_INTERNAL;
         return NULL;
     }
     c->fd = fd;
+    c->ep = ep;
     c->pool = pool;
-    c->rdma = rdma;
-    c->hello_pending = rdma != NULL;
+    c->connecting = tcp;
+    c->connect_deadline_ns = deadline_ns;
     c->rdma_only = ep->rdma_only;
     /* Request 1 may have been HELLO or RDMA_HELLO. */
     c->next_req_id = 2;
     return c;
+}
+
+int client_conn_connecting(const struct client_conn *c)
+{
+    return c->connecting != NULL;
+}
+
+uint64_t client_conn_connect_deadline(const struct client_conn *c)
+{
+    return c->connecting ? c->connect_deadline_ns : 0;
+}
+
+/* The tcp connect, moved on by the call's poll loop, so a server that
+ * swallows SYNs costs only its own keys. Once connected: the handshake
+ * (with a token), RDMA_HELLO (with rdma), then the frame begins. */
+static int finish_connect(struct client_conn *c)
+{
+    struct client_endpoint *ep = c->ep;
+    int rc = gk_connect_step(c->connecting);
+    c->fd = c->connecting->fd;
+    if (rc == 0)
+        return 0;
+    if (rc < 0) {
+        c->why = "connect failed";
+        return rc;
+    }
+    free(c->connecting);
+    c->connecting = NULL;
+    if (ep->token && (rc = client_auth(c->fd, ep->token, ep->name, c->connect_deadline_ns))) {
+        c->why = rc == GDRKV_E_DENIED ? "authentication failed (token_file)"
+                                      : "the authentication did not finish";
+        return rc;
+    }
+    if (ep->rdma) {
+        c->fd = send_rdma_hello(ep, c->fd, &c->rdma);
+        if (c->fd < 0) {
+            c->why = "rdma set-up failed";
+            return c->fd;
+        }
+        c->hello_pending = c->rdma != NULL;
+    }
+    client_conn_start(c, c->batch, c->frame);
+    return 0;
 }
 
 void client_conn_close(struct client_conn *c)
@@ -120,7 +151,9 @@ void client_conn_close(struct client_conn *c)
     client_rdma_conn_close(c->rdma);
     gpu_conn_free(c->gpu);
     free(c->commit);
-    close(c->fd);
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->connecting);
     client_pool_put(c->pool);
     client_copy_free(&c->copies);
     free(c->body_heap);
@@ -273,6 +306,11 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
 {
     c->batch = b;
     c->frame = f;
+    if (c->connecting) {
+        c->phase = CLIENT_CONN_CONNECTING;
+        c->why = NULL;
+        return;
+    }
     if (!c->hello_pending) {
         begin_frame(c);
         return;
@@ -284,7 +322,9 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
 
 short client_conn_events(const struct client_conn *c)
 {
-    return c->phase == CLIENT_CONN_SEND ? POLLOUT : c->phase == CLIENT_CONN_GPU_WAIT ? 0 : POLLIN;
+    return c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_CONNECTING ? POLLOUT
+           : c->phase == CLIENT_CONN_GPU_WAIT                              ? 0
+                                                                           : POLLIN;
 }
 
 int client_conn_busy(const struct client_conn *c)
@@ -804,6 +844,7 @@ static int recv_payload(struct client_conn *c)
 static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
+    case CLIENT_CONN_CONNECTING: return finish_connect(c);
     case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);

@@ -37,6 +37,7 @@
 #include "common/protocol.h"
 
 enum client_conn_phase {
+    CLIENT_CONN_CONNECTING,     /* tcp connect in progress; then set-up, then SEND */
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body (rdma: first RDMA_HELLO's) */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
@@ -48,7 +49,10 @@ struct client_pool;
 struct gpu_conn;
 
 struct client_conn {
-    int fd;
+    int fd;                     /* -1 once a failed set-up closed it */
+    struct client_endpoint *ep;
+    struct gk_connecting *connecting;   /* the tcp connect in progress, or NULL */
+    uint64_t connect_deadline_ns;       /* ...and when it must be done, set-up included */
     uint64_t next_req_id;
     uint64_t idle_since_ns;     /* when it went back to its server's idle stack */
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
@@ -82,12 +86,19 @@ struct client_conn {
     struct client_iov io;
 };
 
-/* Connects to the endpoint within deadline_ns, over shm where it has a
- * unix socket that answers (else tcp, unless it is shm only), with QPs
- * where it uses rdma; NULL with *err = GDRKV_E_TIMEOUT,
- * GDRKV_E_UNAVAILABLE or GDRKV_E_INTERNAL. */
+/* A connection to the endpoint: over shm where it has a unix socket that
+ * answers (connected and set up within deadline_ns before this returns),
+ * else tcp, unless it is shm only. A tcp one comes back connecting: the
+ * poll loop finishes the connect, the handshake and RDMA_HELLO before its
+ * first frame (client_conn_connect_deadline bounds them). NULL with *err =
+ * GDRKV_E_TIMEOUT, GDRKV_E_UNAVAILABLE, GDRKV_E_DENIED or
+ * GDRKV_E_INTERNAL. */
 struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns,
                                      int *err);
+/* Whether its tcp connect is still in progress, and until when it may be
+ * (0: not connecting). */
+int client_conn_connecting(const struct client_conn *c);
+uint64_t client_conn_connect_deadline(const struct client_conn *c);
 void client_conn_close(struct client_conn *c);
 int client_conn_is_shm(const struct client_conn *c);
 

@@ -56,11 +56,11 @@ static int job_active(const struct client_job *j)
 }
 
 /* Gives jobs [first, end), all of one server, a connection each. One
- * failed connect fails them all: the server is unreachable, and trying
- * again per job would only multiply the wait. Connecting blocks, so a
- * server that swallows SYNs holds up the other servers' start by up to
- * connect_timeout_ms; that costs one call per backoff period, the probe,
- * since the server is short-circuited in between. */
+ * failed open fails them all: the server is unreachable, and trying again
+ * per job would only multiply the wait. A tcp connect only starts here
+ * (the poll loop finishes it, within connect_timeout_ms), so a server
+ * that swallows SYNs holds up none of the other servers' keys; a name is
+ * resolved here, within the call's deadline. */
 static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t first,
                       uint32_t end)
 {
@@ -103,8 +103,29 @@ static void step(struct gdrkv_client *c, struct client_call *call, struct client
             return;
         client_conn_start(j->conn, &call->batch, &j->frames[j->done]);
     }
+    if (rc < 0 && client_conn_connecting(j->conn))
+        gk_counter_add(&c->counters.connect_failures, 1);
     if (rc < 0)
         fail_job(c, call, j, rc, j->conn->why);
+}
+
+/* Fails the jobs whose tcp connect is not done by its deadline (within
+ * the call's: the server is unreachable rather than slow), and returns
+ * the earliest deadline of those still connecting (0: none). */
+static uint64_t expire_connects(struct gdrkv_client *c, struct client_call *call, uint64_t now)
+{
+    uint64_t earliest = 0;
+    for (uint32_t j = 0; j < call->njobs; j++) {
+        struct client_job *job = &call->jobs[j];
+        uint64_t deadline = job_active(job) ? client_conn_connect_deadline(job->conn) : 0;
+        if (deadline && now >= deadline) {
+            gk_counter_add(&c->counters.connect_failures, 1);
+            fail_job(c, call, job, GDRKV_E_UNAVAILABLE, "connect timed out");
+        } else if (deadline && (!earliest || deadline < earliest)) {
+            earliest = deadline;
+        }
+    }
+    return earliest;
 }
 
 static void fail_active(struct gdrkv_client *c, struct client_call *call, int err,
@@ -125,6 +146,7 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
         }
     }
     for (;;) {
+        uint64_t connect_deadline = expire_connects(c, call, gk_now_ns());
         uint32_t active = 0, busy = 0;
         for (uint32_t j = 0; j < call->njobs; j++) {
             struct client_job *job = &call->jobs[j];
@@ -143,6 +165,8 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
             fail_active(c, call, GDRKV_E_TIMEOUT, "timed out");
             return;
         }
+        if (connect_deadline)
+            ms = GK_MIN(ms, GK_MAX(1, gk_poll_ms_left(connect_deadline)));
         /* A GPU copy in flight is polled, not waited for: its end has no fd.
          * When nothing else is left, let other threads have the core. */
         if (busy && busy == active)

@@ -295,41 +295,78 @@ static int resolve_until(const struct gk_addr *a, uint64_t deadline_ns, struct a
     return rc ? GDRKV_E_UNAVAILABLE : 0;
 }
 
-int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns)
+/* Starts a connect to the next address not tried yet: 0 (k->fd in
+ * progress or connected), or GDRKV_E_UNAVAILABLE when none is left. */
+static int try_next(struct gk_connecting *k)
 {
-    struct addrinfo *res, *ai;
-    int result = GDRKV_E_UNAVAILABLE;
+    while (k->next < k->naddrs) {
+        const struct sockaddr *sa = (const struct sockaddr *)&k->addrs[k->next];
+        socklen_t len = k->lens[k->next++];
+        int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        if (connect(fd, sa, len) == 0 || errno == EINPROGRESS) {
+            k->fd = fd;
+            return 0;
+        }
+        close(fd);
+    }
+    k->fd = -1;
+    return GDRKV_E_UNAVAILABLE;
+}
 
+int gk_connect_start(const struct gk_addr *a, uint64_t deadline_ns, struct gk_connecting *k)
+{
+    struct addrinfo *res;
+    memset(k, 0, sizeof *k);
+    k->fd = -1;
     int rc = resolve_until(a, deadline_ns, &res);
     if (rc)
         return rc;
-    for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
-            close(fd);
-            continue;
-        }
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        int ready;
-        do
-            ready = poll(&pfd, 1, gk_poll_ms_left(deadline_ns));
-        while (ready < 0 && errno == EINTR);
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (ready == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) {
-            gk_set_nodelay(fd);
-            set_keepalive(fd);
-            result = fd;
-            break;
-        }
-        close(fd);
-        if (ready == 0) {
-            result = GDRKV_E_TIMEOUT;
-            break;
-        }
+    for (struct addrinfo *ai = res; ai && k->naddrs < GK_CONNECT_ADDRS; ai = ai->ai_next) {
+        memcpy(&k->addrs[k->naddrs], ai->ai_addr, ai->ai_addrlen);
+        k->lens[k->naddrs++] = ai->ai_addrlen;
     }
     freeaddrinfo(res);
-    return result;
+    return try_next(k);
+}
+
+int gk_connect_step(struct gk_connecting *k)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = k->fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 0) <= 0)
+            return 0;
+        int soerr = 0;
+        socklen_t sl = sizeof soerr;
+        if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) {
+            gk_set_nodelay(k->fd);
+            set_keepalive(k->fd);
+            return 1;
+        }
+        /* Refused or unreachable: the name's next address, if it has one
+         * (localhost: ::1, then 127.0.0.1). */
+        close(k->fd);
+        if (try_next(k))
+            return GDRKV_E_UNAVAILABLE;
+    }
+}
+
+void gk_connect_abort(struct gk_connecting *k)
+{
+    if (k->fd >= 0)
+        close(k->fd);
+    k->fd = -1;
+}
+
+int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns)
+{
+    struct gk_connecting k;
+    int rc = gk_connect_start(a, deadline_ns, &k);
+    while (rc == 0) {
+        rc = gk_connect_step(&k);
+        if (rc == 0 && (rc = gk_wait_fd(k.fd, POLLOUT, deadline_ns)) != 0)
+            gk_connect_abort(&k);
+    }
+    return rc == 1 ? k.fd : rc;
 }

@@ -28,9 +28,27 @@ int gk_sock_name(int fd, char *buf, size_t len);
 int gk_sock_is_loopback(int fd);
 
 /* Connects to a, waiting at most until deadline_ns (gk_now_ns clock).
- * Returns a non-blocking, TCP_NODELAY, close-on-exec fd, or
+ * Returns a non-blocking, TCP_NODELAY, keepalive, close-on-exec fd, or
  * GDRKV_E_TIMEOUT / GDRKV_E_UNAVAILABLE. */
 int gk_connect_tcp(const struct gk_addr *a, uint64_t deadline_ns);
+
+/* The same without waiting, for a caller's poll loop: a connect in
+ * progress, over the addresses a's name resolved to (the next is tried
+ * when one is refused). */
+#define GK_CONNECT_ADDRS 4
+struct gk_connecting {
+    int fd;                         /* the attempt in flight; poll it for POLLOUT */
+    uint32_t naddrs, next;
+    struct sockaddr_storage addrs[GK_CONNECT_ADDRS];
+    socklen_t lens[GK_CONNECT_ADDRS];
+};
+/* Resolves a (within the deadline) and starts: 0, or a negative error. */
+int gk_connect_start(const struct gk_addr *a, uint64_t deadline_ns, struct gk_connecting *k);
+/* Never blocks: 1 connected (k->fd is the socket), 0 still in progress
+ * (k->fd may be a new attempt), GDRKV_E_UNAVAILABLE when every address
+ * failed (k->fd closed). */
+int gk_connect_step(struct gk_connecting *k);
+void gk_connect_abort(struct gk_connecting *k);
 
 /* ---- unix-domain sockets of the shm transport (net_unix.c) */
 
