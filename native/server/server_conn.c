@@ -38,7 +38,6 @@
  * ordinary batches must go on while big ones queue. */
 #define CONN_SMALL_BODY (64u << 10)
 
-
 enum step {
     STEP_CLOSE = -1,    /* the connection is finished */
     STEP_WAIT = 0,      /* the socket has nothing more for now */
