@@ -51,7 +51,7 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 TEST_TIMEOUT_S = 400.0          # above the slowest test (the native suite's 300 s)
 LISTEN_LINE = re.compile(rb"^gdrkv listening on (\S+)", re.M)
-SHM_LINE = re.compile(rb"^gdrkv listening on .*shm on (\S+)\)$", re.M)
+SHM_LINE = re.compile(rb"^gdrkv listening on .*shm on ([^,\s)]+)", re.M)
 PR_SET_PDEATHSIG = 1
 
 

@@ -37,17 +37,21 @@ def read_address(c_function, *args):
     return ffi.string(buf).decode(errors="replace")
 
 
-def read_counters(c_function, *args):
-    """Calls c_function(*args, buf, len) and parses what it wrote into a dict
-    of int/float. The text is cut at the buffer's end, so a full buffer is
-    read again into a bigger one."""
+def read_text(c_function, *args):
+    """The text c_function(*args, buf, len) writes. It is cut at the
+    buffer's end, so a full buffer is read again into a bigger one."""
     size = _FIRST_BUFFER
     while True:
         buf = ffi.new("char[]", size)
         n = check(c_function(*args, buf, size), "stats")
         if n < size - 1 or size >= _LAST_BUFFER:
-            return parse_counters(ffi.string(buf, n).decode(errors="replace"))
+            return ffi.string(buf, n).decode(errors="replace")
         size *= 4
+
+
+def read_counters(c_function, *args):
+    """read_text parsed into a dict of int/float."""
+    return parse_counters(read_text(c_function, *args))
 
 
 def parse_counters(text):

@@ -63,6 +63,9 @@ def main(argv=None):
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="listen on an address other hosts can reach without a token: "
                             "anyone reaching it can read, overwrite and clear the cache")
+    serve.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve the counters in the Prometheus text format at "
+                            "http://HOST:PORT/metrics")
     serve.set_defaults(run=_serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
@@ -105,9 +108,12 @@ def _serve(args):
                 unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
                 auth_token_file=args.auth_token_file,
-                insecure_no_auth=args.insecure_no_auth) as server:
+                insecure_no_auth=args.insecure_no_auth,
+                metrics_listen=args.metrics_listen) as server:
         rdma = ", rdma" if server.stats().get("rdma_enabled") else ""
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
+        shm += f", metrics on http://{server.metrics_address}/metrics" \
+            if server.metrics_address else ""
         print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{rdma}{shm})",
               flush=True)
         signal.sigwait(stop_signals)

@@ -2,7 +2,7 @@
 import threading
 import weakref
 
-from ._capi import read_address, read_counters, set_int_field, start_error
+from ._capi import read_address, read_counters, read_text, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, GdrkvError
 from .sizes import parse_size
@@ -40,6 +40,9 @@ class Server:
     auth_token_file: serve only clients that prove they hold the secret in
     this file (mode 0600; docs/protocol.md). A listen address other hosts
     can reach needs one, or insecure_no_auth=True.
+
+    metrics_listen ("host:port"): serve the counters in the Prometheus text
+    format at http://host:port/metrics (metrics() returns the same text).
     """
 
     def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
@@ -47,7 +50,7 @@ class Server:
                  stall_timeout_ms=30000, max_connections=4096, unix_path=None,
                  lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
                  insecure_no_auth=False, max_connections_per_peer=512,
-                 idle_timeout_ms=300000, max_buffered="256MiB"):
+                 idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -73,6 +76,9 @@ class Server:
             token_file_c = ffi.new("char[]", str(auth_token_file).encode())
             opts.auth_token_file = token_file_c
         opts.insecure_no_auth = bool(insecure_no_auth)
+        if metrics_listen:
+            metrics_listen_c = ffi.new("char[]", metrics_listen.encode())
+            opts.metrics_listen = metrics_listen_c
         opts.hugepages = _HUGEPAGES[hugepages]
         opts.rdma = _HUGEPAGES[rdma]
         opts.pretouch = bool(pretouch)
@@ -93,6 +99,15 @@ class Server:
         self.url = "gdrkv://" + self.address
         # "" when shm is off.
         self.unix_path = read_address(lib.gdrkv_server_unix_path, self._handle)
+        # "host:port" of GET /metrics (Prometheus text), "" when off.
+        self.metrics_address = read_address(lib.gdrkv_server_metrics_address, self._handle)
+
+    def metrics(self):
+        """The counters in the Prometheus text format."""
+        with self._lock:
+            if not self._stop.alive:
+                raise GdrkvError(E_CLOSED)
+            return read_text(lib.gdrkv_server_metrics, self._handle)
 
     def stats(self):
         """The server's counters: {"name": int or float}."""

@@ -70,6 +70,8 @@ typedef struct gdrkv_server_opts {
                                    secret (docs/protocol.md); NULL = anyone */
     int insecure_no_auth;       /* allow a non-loopback listen address without
                                    a token (refused otherwise) */
+    const char *metrics_listen; /* "host:port" of an HTTP endpoint serving GET
+                                   /metrics (Prometheus text); NULL = none */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);
@@ -84,6 +86,10 @@ int gdrkv_server_unix_path(gdrkv_server *s, char *buf, size_t len);
 /* Counters as "name value\n" lines; returns the length written (truncated to
  * len-1 and NUL-terminated) or a negative error. */
 int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
+/* The same counters in the Prometheus text format (what GET /metrics
+ * serves), and where that endpoint listens ("" when off). */
+int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len);
+int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len);
 /* Stops the threads, closes every connection and frees the pool. */
 void gdrkv_server_stop(gdrkv_server *s);
 

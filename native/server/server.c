@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "server_metrics.h"
 #include "server_peers.h"
 #include "server_rdma.h"
 #include "server_state.h"
@@ -171,6 +172,7 @@ static void server_free(struct gdrkv_server *s)
         pthread_join(s->workers[i].thread, NULL);
     if (s->housekeeper_running)
         pthread_join(s->housekeeper, NULL);
+    server_metrics_stop(s);
     for (int i = 0; i < s->nworkers; i++)
         server_worker_destroy(&s->workers[i]);
     if (s->listen_fd >= 0)
@@ -267,6 +269,17 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         goto fail;
     }
+    if (opts->metrics_listen && *opts->metrics_listen) {
+        struct gk_addr maddr;
+        if (gk_parse_addr(opts->metrics_listen, 0, &maddr) < 0) {
+            rc = GDRKV_E_INVALID;
+            snprintf(err, errlen, "metrics_listen must be host:port, not %s", opts->metrics_listen);
+            goto fail;
+        }
+        rc = server_metrics_start(s, &maddr, err, errlen);
+        if (rc)
+            goto fail;
+    }
     for (int want = worker_count(opts->workers); s->nworkers < want; s->nworkers++) {
         if (server_worker_init(&s->workers[s->nworkers], s) < 0) {
             rc = GDRKV_E_INTERNAL;
@@ -319,6 +332,25 @@ int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len)
     gk_text_init(&t, buf, len);
     server_stats_text(s, &t);
     return gk_text_finish(&t);
+}
+
+int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len)
+{
+    struct gk_text t;
+
+    if (!s || !buf || len == 0)
+        return GDRKV_E_INVALID;
+    gk_text_init(&t, buf, len);
+    server_metrics_text(s, &t);
+    return gk_text_finish(&t);
+}
+
+int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len)
+{
+    if (!s || !buf)
+        return GDRKV_E_INVALID;
+    int n = snprintf(buf, len, "%s", s->metrics_address);
+    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
 }
 
 void gdrkv_server_stop(gdrkv_server *s)

@@ -30,6 +30,7 @@
 #include "server_payload.h"
 #include "server_peers.h"
 
+struct server_metrics;
 struct server_rdma;
 struct server_rdma_conn;
 struct store;
@@ -43,36 +44,41 @@ struct store;
 #define CONN_REQUEST_NS_PER_MIB 1000000000ull
 #define CONN_ANSWER_NS_PER_MIB 10000000ull
 
-/* Every plain counter of a worker, X(name, what it counts): this one list
- * declares the fields, sums them over the workers and prints them
- * (server_stats.c), so adding a counter is one line and the stats text,
+/* Every plain counter of a worker, X(name, metric, what it counts): this
+ * one list declares the fields, sums them over the workers and prints them
+ * (server_stats.c) and exports them as gdrkv_<metric>_total
+ * (server_metrics.c), so adding a counter is one line and the stats text,
  * `gdrkv stat` and the metrics can't drift apart. Per-op counters follow. */
-#define SERVER_COUNTERS(X)                                                          \
-    X(connections_total, "connections accepted")                                    \
-    X(connections_rejected, "connections refused at accept (over max_connections)") \
-    X(connections_rejected_peer, "of those, over max_connections_per_peer")         \
-    X(connections_idle_closed, "closed after idle_timeout_ms without a frame")       \
-    X(frames_too_slow, "requests not complete by their deadline: closed")             \
-    X(frames_waited_for_buffer, "request bodies that waited for max_buffered_bytes")  \
-    X(get_pins_expired, "tcp GETs whose reader was too slow: closed, pins dropped")    \
-    X(bytes_in, "PUT payload bytes received")                                       \
-    X(bytes_out, "GET payload bytes sent")                                          \
-    X(frames_bad, "malformed or rejected frames")                                   \
-    X(shm_connections_total, "of connections_total, over the unix socket")          \
-    X(shm_connections_refused, "unix peers of another uid")                         \
-    X(shm_leases, "LEASE frames answered with offsets")                             \
-    X(shm_lease_bytes, "object bytes handed out under leases")                      \
-    X(shm_leases_expired, "leases (and RESERVEs) dropped by the timeout")           \
-    X(rdma_leases, "LEASE frames of rdma connections")                              \
-    X(rdma_lease_bytes, "object bytes they handed out for READs")                   \
-    X(rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")                  \
-    X(auth_ok, "connections that proved they hold the token")                       \
-    X(auth_denied, "frames refused: no or a wrong proof of the token")
+#define SERVER_COUNTERS(X)                                                                      \
+    X(connections_total, connections, "connections accepted")                                   \
+    X(connections_rejected, connections_rejected, "connections refused at accept")              \
+    X(connections_rejected_peer, connections_rejected_peer,                                     \
+      "of those, over max_connections_per_peer")                                                \
+    X(connections_idle_closed, connections_idle_closed,                                         \
+      "closed after idle_timeout_ms without a frame")                                           \
+    X(frames_too_slow, frames_too_slow, "requests not complete by their deadline: closed")      \
+    X(frames_waited_for_buffer, frames_waited_for_buffer,                                       \
+      "request bodies that waited for max_buffered_bytes")                                      \
+    X(get_pins_expired, get_pins_expired,                                                       \
+      "tcp GETs whose reader was too slow: closed, pins dropped")                               \
+    X(bytes_in, received_bytes, "PUT payload bytes received")                                   \
+    X(bytes_out, sent_bytes, "GET payload bytes sent")                                          \
+    X(frames_bad, frames_bad, "malformed or rejected frames")                                   \
+    X(shm_connections_total, shm_connections, "of connections_total, over the unix socket")    \
+    X(shm_connections_refused, shm_connections_refused, "unix peers of another uid")            \
+    X(shm_leases, shm_leases, "LEASE frames answered with offsets")                             \
+    X(shm_lease_bytes, shm_leased_bytes, "object bytes handed out under leases")                \
+    X(shm_leases_expired, leases_expired, "leases (and RESERVEs) dropped by the timeout")       \
+    X(rdma_leases, rdma_leases, "LEASE frames of rdma connections")                             \
+    X(rdma_lease_bytes, rdma_leased_bytes, "object bytes they handed out for READs")            \
+    X(rdma_reserved_bytes, rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")          \
+    X(auth_ok, auth_ok, "connections that proved they hold the token")                          \
+    X(auth_denied, auth_denied, "frames refused: no or a wrong proof of the token")
 
 /* Written only by the worker that owns them, read by whoever asks for
  * stats: relaxed atomics on both sides, summed over workers at read time. */
 struct server_counters {
-#define SERVER_COUNTER_FIELD(name, help) uint64_t name;
+#define SERVER_COUNTER_FIELD(name, metric, help) uint64_t name;
     SERVER_COUNTERS(SERVER_COUNTER_FIELD)
 #undef SERVER_COUNTER_FIELD
     uint64_t ops[GK_OP_MAX + 1];
@@ -98,6 +104,8 @@ struct gdrkv_server {
     char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
     uint32_t lease_timeout_ms;
     struct gk_token token;          /* clients must prove they hold it; len 0: none */
+    struct server_metrics *metrics; /* the /metrics endpoint, or NULL */
+    char metrics_address[300];      /* where it listens; "" when off */
     struct server_rdma *rdma;       /* NULL when rdma is off or unavailable */
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];

@@ -20,7 +20,7 @@ void server_count_op(struct server_counters *c, uint8_t opcode, uint32_t keys, u
 
 static void sum_counters(struct server_counters *sum, const struct server_counters *c)
 {
-#define SUM_COUNTER(name, help) sum->name += gk_counter_get(&c->name);
+#define SUM_COUNTER(name, metric, help) sum->name += gk_counter_get(&c->name);
     SERVER_COUNTERS(SUM_COUNTER)
 #undef SUM_COUNTER
     for (int op = 1; op <= GK_OP_MAX; op++) {
@@ -30,21 +30,27 @@ static void sum_counters(struct server_counters *sum, const struct server_counte
     }
 }
 
+void server_stats_sum(struct gdrkv_server *s, struct server_counters *sum)
+{
+    *sum = (struct server_counters){0};
+    for (int i = 0; i < s->nworkers; i++)
+        sum_counters(sum, &s->workers[i].counters);
+}
+
 /* Each line is named after the field it prints, so names can't drift. */
-#define STORE_LINE(field, help) gk_text_u64(t, #field, (uint64_t)st.field);
-#define COUNTER_LINE(field, help) gk_text_u64(t, #field, sum.field);
+#define STORE_LINE(field, kind, help) gk_text_u64(t, #field, (uint64_t)st.field);
+#define COUNTER_LINE(field, metric, help) gk_text_u64(t, #field, sum.field);
 
 void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
 {
     struct store_stats st;
-    struct server_counters sum = {0};
+    struct server_counters sum;
     char name[64];
 
     store_get_stats(s->store, &st);
     STORE_STATS(STORE_LINE)
 
-    for (int i = 0; i < s->nworkers; i++)
-        sum_counters(&sum, &s->workers[i].counters);
+    server_stats_sum(s, &sum);
     gk_text_u64(t, "uptime_seconds", (gk_now_ns() - s->started_ns) / 1000000000ull);
     gk_text_u64(t, "workers", (uint64_t)s->nworkers);
     gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));

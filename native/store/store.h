@@ -37,28 +37,29 @@ struct store_chunk {
     uint64_t len;
 };
 
-/* The store's figures, X(name, what it is): one list declares the struct
- * and prints the stats lines (server_stats.c). */
-#define STORE_STATS(X)                                                        \
-    X(pool_bytes, "capacity")                                                 \
-    X(pool_used_bytes, "bytes in chunks handed out (incl. class rounding)")   \
-    X(objects, "committed objects")                                           \
-    X(object_bytes, "sum of committed object sizes")                          \
-    X(reserved_objects, "uncommitted allocations (writes in flight)")         \
-    X(pinned_objects, "objects with at least one pin")                        \
-    X(hits, "store_pin_batch keys found")                                     \
-    X(misses, "store_pin_batch keys not found")                               \
-    X(puts, "committed puts")                                                 \
-    X(put_dedup, "puts of keys already present")                              \
-    X(put_no_space, "reservations refused for lack of space")                 \
-    X(evictions, "objects evicted")                                           \
-    X(evicted_bytes, "bytes of the objects evicted")                          \
-    X(deletes, "objects deleted")                                             \
-    X(namespaces, "namespaces with objects")                                  \
-    X(hugepages, "whether the pool got hugepages (0 or 1)")
+/* The store's figures, X(name, GAUGE or COUNTER, what it is): one list
+ * declares the struct and prints the stats lines and the metrics
+ * (server_stats.c, server_metrics.c). */
+#define STORE_STATS(X)                                                               \
+    X(pool_bytes, GAUGE, "capacity")                                                 \
+    X(pool_used_bytes, GAUGE, "bytes in chunks handed out (incl. class rounding)")   \
+    X(objects, GAUGE, "committed objects")                                           \
+    X(object_bytes, GAUGE, "sum of committed object sizes")                          \
+    X(reserved_objects, GAUGE, "uncommitted allocations (writes in flight)")         \
+    X(pinned_objects, GAUGE, "objects with at least one pin")                        \
+    X(hits, COUNTER, "keys looked up for reading and found")                         \
+    X(misses, COUNTER, "keys looked up for reading and not found")                   \
+    X(puts, COUNTER, "committed puts")                                               \
+    X(put_dedup, COUNTER, "puts of keys already present")                            \
+    X(put_no_space, COUNTER, "reservations refused for lack of space")               \
+    X(evictions, COUNTER, "objects evicted")                                         \
+    X(evicted_bytes, COUNTER, "bytes of the objects evicted")                        \
+    X(deletes, COUNTER, "objects deleted")                                           \
+    X(namespaces, GAUGE, "namespaces with objects")                                  \
+    X(hugepages, GAUGE, "whether the pool got hugepages (0 or 1)")
 
 struct store_stats {
-#define STORE_STATS_FIELD(name, help) uint64_t name;
+#define STORE_STATS_FIELD(name, kind, help) uint64_t name;
     STORE_STATS(STORE_STATS_FIELD)
 #undef STORE_STATS_FIELD
 };
