@@ -4,6 +4,7 @@ import json
 import signal
 import sys
 
+from . import config
 from .bench import command as bench
 from .doctor import nic as stat_nic, report as doctor
 from .client import Client
@@ -63,10 +64,18 @@ def main(argv=None):
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="listen on an address other hosts can reach without a token: "
                             "anyone reaching it can read, overwrite and clear the cache")
+    serve.add_argument("--drain-timeout-ms", type=int, default=5000,
+                       help="on SIGTERM, let frames in flight finish this long, accepting "
+                            "nothing new (default 5000)")
     serve.add_argument("--metrics-listen", metavar="HOST:PORT",
                        help="serve the counters in the Prometheus text format at "
                             "http://HOST:PORT/metrics")
-    serve.set_defaults(run=_serve)
+    serve.add_argument("--config", metavar="FILE",
+                       help="a TOML file of these settings under their long names "
+                            "(listen = \"...\", memory = \"16GiB\", ...); flags win over it")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print the settings in effect as TOML and exit")
+    serve.set_defaults(run=_serve, serve_parser=serve)
 
     stat = commands.add_parser("stat", help="print every server's counters")
     stat.add_argument("url", nargs="?",
@@ -88,6 +97,8 @@ def main(argv=None):
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            config.apply(args.serve_parser, args, sys.argv[1:] if argv is None else argv)
         return args.run(args)
     except (GdrkvError, ValueError) as e:
         print(f"gdrkv {args.command}: {e}", file=sys.stderr)
@@ -95,6 +106,9 @@ def main(argv=None):
 
 
 def _serve(args):
+    if args.print_config:
+        print(config.dump(args.serve_parser, args), end="")
+        return 0
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     # Blocked before the server's C threads exist, so they inherit the mask
     # and the signals wait for sigwait() below instead of interrupting them.
@@ -105,6 +119,7 @@ def _serve(args):
                 max_connections=args.max_connections,
                 max_connections_per_peer=args.max_connections_per_peer,
                 idle_timeout_ms=args.idle_timeout_ms, max_buffered=args.max_buffered,
+                drain_timeout_ms=args.drain_timeout_ms,
                 unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
                 auth_token_file=args.auth_token_file,

@@ -41,6 +41,9 @@ class Server:
     this file (mode 0600; docs/protocol.md). A listen address other hosts
     can reach needs one, or insecure_no_auth=True.
 
+    close() drains: no new connections, the frames in flight finish (for at
+    most drain_timeout_ms), then every connection is closed.
+
     metrics_listen ("host:port"): serve the counters in the Prometheus text
     format at http://host:port/metrics (metrics() returns the same text).
     """
@@ -50,7 +53,8 @@ class Server:
                  stall_timeout_ms=30000, max_connections=4096, unix_path=None,
                  lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
                  insecure_no_auth=False, max_connections_per_peer=512,
-                 idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None):
+                 idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None,
+                 drain_timeout_ms=5000):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -66,6 +70,7 @@ class Server:
         set_int_field(opts, "max_connections_per_peer", max_connections_per_peer,
                       "max_connections_per_peer", minimum=1)
         set_int_field(opts, "idle_timeout_ms", idle_timeout_ms, "idle_timeout_ms", minimum=1)
+        set_int_field(opts, "drain_timeout_ms", drain_timeout_ms, "drain_timeout_ms")
         set_int_field(opts, "max_buffered_bytes", parse_size(max_buffered), "max_buffered",
                       minimum=8 << 20)
         set_int_field(opts, "lease_timeout_ms", lease_timeout_ms, "lease_timeout_ms", minimum=1)

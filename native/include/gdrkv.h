@@ -70,6 +70,8 @@ typedef struct gdrkv_server_opts {
                                    secret (docs/protocol.md); NULL = anyone */
     int insecure_no_auth;       /* allow a non-loopback listen address without
                                    a token (refused otherwise) */
+    uint32_t drain_timeout_ms;  /* at stop, frames in flight may finish for this
+                                   long (no new connections meanwhile) */
     const char *metrics_listen; /* "host:port" of an HTTP endpoint serving GET
                                    /metrics (Prometheus text); NULL = none */
 } gdrkv_server_opts;
@@ -90,7 +92,9 @@ int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
  * serves), and where that endpoint listens ("" when off). */
 int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len);
 int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len);
-/* Stops the threads, closes every connection and frees the pool. */
+/* Drains and stops: no new connections, the frames in flight finish (for
+ * at most drain_timeout_ms), every connection is closed, then the threads
+ * end and the pool is freed. */
 void gdrkv_server_stop(gdrkv_server *s);
 
 /* ---------------------------------------------------------------- client */

@@ -42,6 +42,7 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         .max_connections = 4096,
         .max_connections_per_peer = 512,
         .idle_timeout_ms = 300000,
+        .drain_timeout_ms = 5000,
         .max_buffered_bytes = 256ull << 20,
         .unix_path = NULL,
         .lease_timeout_ms = 5000,
@@ -221,6 +222,7 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
     s->lease_timeout_ms = opts->lease_timeout_ms;
     s->max_connections = opts->max_connections;
     s->idle_timeout_ms = opts->idle_timeout_ms;
+    s->drain_timeout_ms = opts->drain_timeout_ms;
     s->max_buffered_bytes = opts->max_buffered_bytes;
     s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
     if (!s->peers) {

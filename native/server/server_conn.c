@@ -102,11 +102,16 @@ void server_conn_slot_give(struct gdrkv_server *s, int local, const struct serve
     }
 }
 
+int server_conn_between_frames(const struct server_conn *c)
+{
+    return c->state == CONN_READ_HDR && c->hdr_got == 0;
+}
+
 enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64_t now_ns)
 {
     const struct gdrkv_server *s = c->worker->server;
     uint64_t stall_ns = (uint64_t)s->stall_timeout_ms * 1000000ull;
-    int between_frames = c->state == CONN_READ_HDR && c->hdr_got == 0;
+    int between_frames = server_conn_between_frames(c);
 
     if (c->answer_deadline_ns && now_ns >= c->answer_deadline_ns)
         return CONN_OVERDUE_ANSWER;

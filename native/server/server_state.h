@@ -90,6 +90,7 @@ struct server_worker {
     struct gdrkv_server *server;
     int epoll_fd;
     int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
+    int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
     pthread_t thread;
     struct server_conn *conns;      /* every connection this worker owns */
@@ -111,6 +112,7 @@ struct gdrkv_server {
     char address[300];
     uint32_t stall_timeout_ms;
     uint32_t idle_timeout_ms;
+    uint32_t drain_timeout_ms;
     uint32_t max_connections;       /* tcp; local (unix) connections have as many apart */
     uint32_t connections;           /* open tcp connections over all workers (atomic) */
     uint32_t local_connections;     /* open unix ones (atomic) */

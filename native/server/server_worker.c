@@ -182,7 +182,7 @@ static void tick(struct server_worker *w, uint64_t now_ns)
         if (c->state == CONN_WAIT_BUFFER)
             server_conn_on_event(c);
     }
-    if (!w->accepting && watch_listeners(w) < 0)
+    if (!w->accepting && !w->draining && watch_listeners(w) < 0)
         GK_WARN("cannot watch the listening sockets again: %s", strerror(errno));
 }
 
@@ -197,15 +197,44 @@ static void run_runnable(struct server_worker *w)
     }
 }
 
+/* Stop began: no new connections for this worker, and no more wakeups
+ * from the stop eventfd (it stays readable). Returns when to give up on
+ * the frames still in flight. */
+static uint64_t begin_drain(struct server_worker *w)
+{
+    struct gdrkv_server *s = w->server;
+    w->draining = 1;
+    epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->wake_fd, NULL);
+    if (w->accepting) {
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->listen_fd, NULL);
+        if (s->unix_fd >= 0)
+            epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->unix_fd, NULL);
+        w->accepting = 0;
+    }
+    return gk_now_ns() + (uint64_t)s->drain_timeout_ms * 1000000ull;
+}
+
+/* Closes the connections between frames: their clients have every answer
+ * they asked for. Returns whether any is left mid-frame. */
+static int close_between_frames(struct server_worker *w)
+{
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (server_conn_between_frames(c))
+            server_conn_close(c);
+    }
+    return w->conns != NULL;
+}
+
 void *server_worker_main(void *arg)
 {
     struct server_worker *w = arg;
     struct epoll_event events[WORKER_EVENTS];
     uint64_t tick_ns = SERVER_TICK_MS * 1000000ull;
     uint64_t next_tick = gk_now_ns() + tick_ns;
-    int stopping = 0;
+    uint64_t drain_until = 0;       /* stopping: the frames in flight may finish until then */
 
-    while (!stopping) {
+    for (;;) {
         int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, w->runnable ? 0 : SERVER_TICK_MS);
         if (n < 0 && errno != EINTR) {
             GK_ERROR("epoll_wait: %s; worker stops", strerror(errno));
@@ -214,7 +243,7 @@ void *server_worker_main(void *arg)
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
             if (p == &wake_token)
-                stopping = 1;
+                drain_until = begin_drain(w);
             else if (p == &listen_token)
                 accept_connections(w, w->server->listen_fd, 0);
             else if (p == &unix_token)
@@ -229,6 +258,8 @@ void *server_worker_main(void *arg)
             tick(w, now);
             next_tick = now + tick_ns;
         }
+        if (drain_until && (!close_between_frames(w) || now >= drain_until))
+            break;
     }
     while (w->conns)
         server_conn_close(w->conns);

@@ -314,6 +314,8 @@ static void test_options(void)
     CHECK_EQ(o.lease_timeout_ms, 5000);
     CHECK_EQ(o.max_connections_per_peer, 512);
     CHECK_EQ(o.idle_timeout_ms, 300000);
+    CHECK_EQ(o.drain_timeout_ms, 5000);
+    CHECK(o.metrics_listen == NULL, "no metrics endpoint by default");
     CHECK_EQ(o.max_buffered_bytes, 256ull << 20);
     CHECK(o.auth_token_file == NULL && o.insecure_no_auth == 0, "no token by default");
 

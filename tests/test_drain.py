@@ -1,0 +1,81 @@
+"""SIGTERM drains (#19): the server stops accepting, lets the frames in
+flight finish (within --drain-timeout-ms), closes every connection, and
+exits 0; a client between frames is let go at once."""
+import signal
+import socket
+import time
+
+import wire
+from conftest import content, unique
+from gdrkv import errors
+
+
+def test_a_frame_in_flight_finishes(server_factory, make_client):
+    """A PUT half sent when SIGTERM comes is read to its end and answered;
+    only then does the server exit, 0."""
+    server = server_factory("64MiB", args=["--drain-timeout-ms", "10000"])
+    ns = unique("drain")
+    value = content("k", 1 << 20)
+    frame = wire.request(wire.OP_PUT, [(b"k", len(value))], ns=ns.encode(), payload=value)
+    with wire.connect(server.address, timeout=20) as conn, \
+            wire.connect(server.address, timeout=20) as idle:
+        conn.send(frame[:len(frame) // 2])
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        assert idle.wait_closed(5), "a connection between frames was kept"
+        time.sleep(0.5)
+        # Not accepting any more, but still reading the frame in flight.
+        assert server.alive
+        conn.send(frame[len(frame) // 2:])
+        hdr, body, _ = conn.read_frame()
+        assert hdr.status == 0 and wire.decode_results(body) == [(0, 0)]
+        assert conn.wait_closed(5)
+    assert server.proc.wait(10) == 0
+    server.must_exit_cleanly = False
+
+
+def test_new_connections_are_not_taken_while_draining(server_factory):
+    server = server_factory("64MiB", args=["--drain-timeout-ms", "10000"])
+    busy = wire.connect(server.address, timeout=20)
+    busy.send(wire.request(wire.OP_PING)[:20])           # a frame that never ends
+    time.sleep(0.2)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    host, port = server.address.rsplit(":", 1)
+    late = socket.create_connection((host, int(port)), timeout=5)
+    late.settimeout(1)
+    late.sendall(wire.request(wire.OP_PING))
+    try:
+        assert late.recv(40) == b"", "a connection made while draining was served"
+    except (TimeoutError, socket.timeout, ConnectionResetError):
+        pass                                    # queued, never accepted
+    late.close()
+    busy.close()                                # ends the drain
+    assert server.proc.wait(10) == 0
+    server.must_exit_cleanly = False
+
+
+def test_the_drain_is_bounded(server_factory):
+    """A frame that never ends is given --drain-timeout-ms, then cut."""
+    server = server_factory("64MiB", args=["--drain-timeout-ms", "500"])
+    with wire.connect(server.address, timeout=20) as stuck:
+        stuck.send(wire.request(wire.OP_PING)[:20])
+        time.sleep(0.2)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(10) == 0
+        assert 0.4 < time.monotonic() - started < 5.0
+        assert stuck.wait_closed(5)
+    server.must_exit_cleanly = False
+
+
+def test_clients_see_the_server_go_and_do_not_hang(server_factory, make_client):
+    server = server_factory("64MiB")
+    client = make_client(server.url, transport="tcp", namespace=unique("go"), timeout_ms=2000)
+    client.put("k", b"v" * 100)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 0
+    server.must_exit_cleanly = False
+    started = time.monotonic()
+    assert client.batch_sizes(["k"]) == [errors.E_UNAVAILABLE]
+    assert time.monotonic() - started < 3.0
