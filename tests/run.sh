@@ -27,6 +27,8 @@ command -v make >/dev/null || need_apt+=(make)
 # clang, for the coverage-guided libFuzzer run of the server connection
 # target (tests/native/fuzz_server.c); it must run, not skip.
 command -v clang >/dev/null || need_apt+=(clang)
+# Prometheus, which scrapes `gdrkv serve --metrics-listen` in test_metrics.
+command -v prometheus >/dev/null || need_apt+=(prometheus)
 export GDRKV_REQUIRE_LIBFUZZER=1
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${need_apt[*]}"

@@ -3,16 +3,21 @@ the Prometheus text format (#19, first part): parsed by prometheus_client's
 own parser, named gdrkv_* with units and _total on counters, moving with
 the traffic, op latencies as histograms; a scraper that stalls holds up
 neither the data path nor, for long, the next scrape."""
+import json
+import os
 import re
+import shutil
 import socket
+import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import batch_get_bytes, batch_put_bytes, content, unique
+from conftest import batch_get_bytes, batch_put_bytes, content, unique, wait_for
 
 METRICS_LINE = re.compile(rb"metrics on http://(\S+?)/metrics")
 
@@ -122,3 +127,58 @@ def test_in_process_server_gives_the_same_text():
                                     timeout=10) as answer:
             over_http = families(answer.read().decode())
         assert set(over_http) == set(families(served.metrics()))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def query(address, expr):
+    url = f"http://{address}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        result = json.loads(answer.read())["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_a_real_prometheus_scrapes_it(server, make_client, tmp_path):
+    """Debian's Prometheus (tests/run.sh installs it) scrapes the endpoint
+    every second; its query API sees hits, misses and bytes move."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        assert os.environ.get("GDRKV_REQUIRE_ENGINES") != "1", "prometheus is not installed"
+        pytest.skip("prometheus is not installed (tests/run.sh installs it)")
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                      "scrape_configs:\n  - job_name: gdrkv\n"
+                      f"    static_configs: [{{targets: ['{address_of(server)}']}}]\n")
+    web = f"127.0.0.1:{free_port()}"
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        prom = subprocess.Popen([binary, f"--config.file={config}",
+                                 f"--storage.tsdb.path={tmp_path / 'data'}",
+                                 f"--web.listen-address={web}"], stdout=log, stderr=log)
+    try:
+        def ready():
+            try:
+                with urllib.request.urlopen(f"http://{web}/-/ready", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(ready, 60, "prometheus to start")
+        client = make_client(server.url, transport="tcp", namespace=unique("prom"))
+        keys = [unique("k") for _ in range(20)]
+        assert batch_put_bytes(client, keys, [content(k, 4096) for k in keys]) == [0] * 20
+        results, _ = batch_get_bytes(client, keys + ["nope"], [4096] * 21)
+        assert results[:20] == [4096] * 20
+        hits = 'gdrkv_store_hits_total{job="gdrkv"}'
+        wait_for(lambda: (query(web, hits) or 0) >= 20, 60, "prometheus to see the hits")
+        assert query(web, 'gdrkv_store_misses_total{job="gdrkv"}') >= 1
+        assert query(web, 'gdrkv_received_bytes_total{job="gdrkv"}') >= 20 * 4096
+        # More traffic, and the values it reports move with it.
+        batch_get_bytes(client, keys, [4096] * 20)
+        wait_for(lambda: (query(web, hits) or 0) >= 40, 60, "the hits to move")
+        assert query(web, 'sum(gdrkv_op_duration_seconds_count{job="gdrkv",op="get"})') >= 2
+    finally:
+        prom.terminate()
+        prom.wait(30)
