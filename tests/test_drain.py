@@ -6,7 +6,7 @@ import socket
 import time
 
 import wire
-from conftest import content, unique
+from conftest import content, unique, wait_for
 from gdrkv import errors
 
 
@@ -79,3 +79,15 @@ def test_clients_see_the_server_go_and_do_not_hang(server_factory, make_client):
     started = time.monotonic()
     assert client.batch_sizes(["k"]) == [errors.E_UNAVAILABLE]
     assert time.monotonic() - started < 3.0
+
+
+def test_sighup_says_what_it_can_reload(server_factory, make_client):
+    """Nothing can change at run time yet: SIGHUP says so, and the server
+    goes on serving."""
+    server = server_factory("64MiB")
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: b"SIGHUP: no setting can change" in open(server.log_path, "rb").read(), 10,
+             "the answer to SIGHUP")
+    client = make_client(server.url, transport="tcp", namespace=unique("hup"))
+    client.put("k", b"v")
+    assert client.get("k") == b"v"

@@ -92,6 +92,22 @@ def test_metrics_move_with_the_traffic(server, make_client):
     assert counts[-1] == count[0] >= 1
 
 
+
+def test_usage_by_namespace(server, make_client):
+    """Objects and bytes per namespace; a name's odd bytes are
+    percent-encoded so the text still parses."""
+    plain, odd = unique("usage"), unique('od"d\\%') + "\u00e9"
+    for ns, n in ((plain, 3), (odd, 2)):
+        client = make_client(server.url, transport="tcp", namespace=ns)
+        assert batch_put_bytes(client, [f"k{i}" for i in range(n)], [b"x" * 1000] * n) == [0] * n
+    fams = families(scrape(server))
+    assert value(fams, "gdrkv_namespace_objects", namespace=plain) == 3
+    assert value(fams, "gdrkv_namespace_bytes", namespace=plain) == 3000
+    encoded = odd.encode().replace(b"%", b"%25").replace(b'"', b"%22").replace(b"\\", b"%5C")
+    encoded = b"".join(bytes([c]) if c < 0x80 else b"%%%02X" % c for c in encoded).decode()
+    assert value(fams, "gdrkv_namespace_objects", namespace=encoded) == 2
+
+
 def test_other_paths_are_not_found(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         scrape(server, "/")
@@ -182,3 +198,21 @@ def test_a_real_prometheus_scrapes_it(server, make_client, tmp_path):
     finally:
         prom.terminate()
         prom.wait(30)
+
+
+def test_the_grafana_dashboard_queries_only_exported_series(server):
+    """configs/grafana: every metric a panel's query names is one the server
+    exports (a histogram's _bucket series included)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "grafana",
+                        "gdrkv-dashboard.json")
+    with open(path) as f:
+        dashboard = json.load(f)
+    exported = set()
+    for fam in families(scrape(server)).values():
+        # A family may have no sample yet (no namespace has objects).
+        exported |= {s.name for s in fam.samples} | {fam.name, fam.name + "_total"}
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        for name in re.findall(r"\bgdrkv_[a-z0-9_]+", expr):
+            assert name in exported, f"{name} (in {expr!r}) is not exported"

@@ -112,7 +112,7 @@ def _serve(args):
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     # Blocked before the server's C threads exist, so they inherit the mask
     # and the signals wait for sigwait() below instead of interrupting them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
     with Server(listen=args.listen, memory=args.memory, workers=args.workers,
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
@@ -131,7 +131,11 @@ def _serve(args):
             if server.metrics_address else ""
         print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{rdma}{shm})",
               flush=True)
-        signal.sigwait(stop_signals)
+        # SIGHUP asks for a reload: every setting so far is fixed for the
+        # server's life, and the operator is told so instead of guessing.
+        while signal.sigwait(stop_signals | {signal.SIGHUP}) == signal.SIGHUP:
+            print("gdrkv serve: SIGHUP: no setting can change while the server runs; "
+                  "restart it to apply a new configuration", file=sys.stderr, flush=True)
     return 0
 
 

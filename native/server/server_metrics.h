@@ -18,7 +18,11 @@ struct gk_addr;
 struct gk_text;
 
 #define METRICS_IO_TIMEOUT_MS 2000
-#define METRICS_TEXT_MAX (256u << 10)
+#define METRICS_TEXT_MAX (2u << 20)
+/* Namespaces in the per-namespace usage (the busiest deployments have a
+ * few per model; a client can make many more), and their lines' room. */
+#define METRICS_NAMESPACES_MAX 1000u
+#define METRICS_NS_TEXT_MAX (METRICS_NAMESPACES_MAX * (3u * 255 + 64))
 
 void server_metrics_text(struct gdrkv_server *s, struct gk_text *t);
 

@@ -628,6 +628,21 @@ uint64_t store_maintain(struct store *s)
     return evicted;
 }
 
+uint32_t store_each_namespace(struct store *s, uint32_t max, store_ns_fn *fn, void *arg)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&s->lock);
+    for (struct dlink *l = s->ns_list.next; l != &s->ns_list && n < max; l = l->next) {
+        const struct store_ns *ns = CONTAINER_OF(l, struct store_ns, all);
+        if (ns->objects) {
+            fn(arg, ns->name, ns->node.key_len, ns->objects, ns->bytes);
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 void store_get_stats(struct store *s, struct store_stats *out)
 {
     pthread_mutex_lock(&s->lock);

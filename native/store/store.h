@@ -131,6 +131,13 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns);
  * Returns the number evicted. Called periodically by the server. */
 uint64_t store_maintain(struct store *s);
 
+/* Calls fn for each namespace with committed objects, at most max of
+ * them, under the store's lock (fn must be quick: every batch waits for
+ * it): its name, objects and bytes. Returns how many it visited. */
+typedef void store_ns_fn(void *arg, const uint8_t *name, uint32_t len, uint64_t objects,
+                         uint64_t bytes);
+uint32_t store_each_namespace(struct store *s, uint32_t max, store_ns_fn *fn, void *arg);
+
 void store_get_stats(struct store *s, struct store_stats *out);
 
 #endif
