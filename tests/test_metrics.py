@@ -216,3 +216,22 @@ def test_the_grafana_dashboard_queries_only_exported_series(server):
     for expr in exprs:
         for name in re.findall(r"\bgdrkv_[a-z0-9_]+", expr):
             assert name in exported, f"{name} (in {expr!r}) is not exported"
+
+
+def test_nic_counters(server_factory, tmp_path, monkeypatch):
+    """The RDMA ports' own counters (sysfs, as `gdrkv stat --nic` reads
+    them), here from a fake tree: the data words as bytes, the rest by name."""
+    import fake_sysfs
+    monkeypatch.setenv("GDRKV_SYSFS_ROOT", str(fake_sysfs.build(tmp_path / "root")))
+    server = server_factory("32MiB", args=["--metrics-listen", "127.0.0.1:0", "--rdma", "off"])
+    fams = families(scrape(server))
+    for device in ("mlx5_0", "mlx5_1"):
+        words = fake_sysfs.COUNTERS[device]
+        assert value(fams, "gdrkv_nic_received_bytes", device=device, port="1") == \
+            4 * words["port_rcv_data"]
+        assert value(fams, "gdrkv_nic_sent_bytes", device=device, port="1") == \
+            4 * words["port_xmit_data"]
+    assert value(fams, "gdrkv_nic_counter", device="mlx5_1", port="1", group="hw_counters",
+                 counter="np_cnp_sent") == 14
+    assert value(fams, "gdrkv_nic_counter", device="mlx5_0", port="1", group="counters",
+                 counter="port_rcv_packets") == 1000

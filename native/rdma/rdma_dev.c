@@ -14,11 +14,7 @@
 #include "gdrkv.h"
 #include "common/log.h"
 
-/* /sys path under GDRKV_SYSFS_ROOT; returns buf. */
-static char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
+char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
 {
     const char *root = getenv("GDRKV_SYSFS_ROOT");
     if (!root || !*root)

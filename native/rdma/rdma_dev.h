@@ -45,4 +45,18 @@ void rdma_dev_close(struct rdma_dev *d);
 uint64_t rdma_dev_max_mr(const struct rdma_dev *d, uint64_t align);
 
 
+/* A /sys path under $GDRKV_SYSFS_ROOT (tests point it at a fake tree);
+ * returns buf. */
+char *rdma_sysfs_path(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Visits every RDMA port's traffic and hardware counters in sysfs
+ * (ports/N/counters and ports/N/hw_counters), as gdrkv stat --nic shows
+ * them: fn(arg, device, port, group ("counters" or "hw_counters"), name,
+ * value). The data counters, port_xmit_data and port_rcv_data, count
+ * 4-byte words, as the InfiniBand spec has them. */
+typedef void rdma_counter_fn(void *arg, const char *device, int port, const char *group,
+                             const char *name, uint64_t value);
+void rdma_port_counters(rdma_counter_fn *fn, void *arg);
+
 #endif

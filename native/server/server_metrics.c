@@ -15,6 +15,7 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "rdma/rdma_dev.h"
 #include "server_rdma.h"
 #include "server_state.h"
 #include "server_stats.h"
@@ -113,6 +114,49 @@ static void namespace_metrics(struct gdrkv_server *s, struct gk_text *t)
     free(bytes_buf);
 }
 
+/* The NICs' own counters (sysfs; rdma_port_counters), one family at a
+ * time since each family's lines must stay together: the data words as
+ * bytes, then every other counter under its sysfs name. */
+enum nic_family { NIC_RECEIVED, NIC_SENT, NIC_OTHER };
+
+struct nic_lines {
+    struct gk_text *t;
+    enum nic_family family;
+};
+
+static void nic_line(void *arg, const char *device, int port, const char *group,
+                     const char *name, uint64_t value)
+{
+    struct nic_lines *l = arg;
+    int received = !strcmp(name, "port_rcv_data"), sent = !strcmp(name, "port_xmit_data");
+    const char *metric = l->family == NIC_RECEIVED ? "gdrkv_nic_received_bytes_total"
+                         : l->family == NIC_SENT   ? "gdrkv_nic_sent_bytes_total"
+                                                   : "gdrkv_nic_counter_total";
+    if (l->family == NIC_OTHER && !received && !sent)
+        gk_text_printf(l->t, "%s{device=\"%s\",port=\"%d\",group=\"%s\",counter=\"%s\"} %llu\n",
+                       metric, device, port, group, name, (unsigned long long)value);
+    else if ((l->family == NIC_RECEIVED && received) || (l->family == NIC_SENT && sent))
+        gk_text_printf(l->t, "%s{device=\"%s\",port=\"%d\"} %llu\n", metric, device, port,
+                       (unsigned long long)value * 4);     /* 4-byte words */
+}
+
+static void nic_metrics(struct gk_text *t)
+{
+    static const char *const heads[] = {
+        "# HELP gdrkv_nic_received_bytes_total bytes the RDMA port received (all traffic)\n"
+        "# TYPE gdrkv_nic_received_bytes_total counter\n",
+        "# HELP gdrkv_nic_sent_bytes_total bytes the RDMA port sent (all traffic)\n"
+        "# TYPE gdrkv_nic_sent_bytes_total counter\n",
+        "# HELP gdrkv_nic_counter_total the RDMA port's other counters, by sysfs name\n"
+        "# TYPE gdrkv_nic_counter_total counter\n",
+    };
+    for (int family = NIC_RECEIVED; family <= NIC_OTHER; family++) {
+        struct nic_lines lines = {.t = t, .family = (enum nic_family)family};
+        gk_text_printf(t, "%s", heads[family]);
+        rdma_port_counters(nic_line, &lines);
+    }
+}
+
 /* The rdma figures come as "name value" lines (server_rdma_stats): each
  * becomes gdrkv_<name>, a gauge. */
 static void rdma_metrics(struct gdrkv_server *s, struct gk_text *t)
@@ -171,6 +215,7 @@ void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
     latency_histograms(t, &sum);
     namespace_metrics(s, t);
     rdma_metrics(s, t);
+    nic_metrics(t);
 }
 
 /* ------------------------------------------------------------ the endpoint */
