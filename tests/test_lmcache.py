@@ -189,6 +189,24 @@ def test_full_and_partial_chunks_round_trip(server, make_worker):
     assert worker.allocated_bytes() == 0
 
 
+
+def test_lmcache_measures_the_gdrkv_connector(server, make_worker):
+    """LMCache wraps every remote connector, plugins included, in its
+    InstrumentedRemoteConnector, which feeds its stats monitor (what it
+    reports to vLLM and Prometheus): the bytes gdrkv moved show up there."""
+    from lmcache.observability import LMCStatsMonitor
+    from lmcache.v1.storage_backend.connector.instrumented_connector import (
+        InstrumentedRemoteConnector)
+    worker = make_worker(server.url)
+    assert isinstance(worker.remote().connection, InstrumentedRemoteConnector)
+    monitor = LMCStatsMonitor.GetOrCreate()
+    written, read = monitor.interval_remote_write_bytes, monitor.interval_remote_read_bytes
+    chunks = worker.store(tokens(2 * CHUNK_TOKENS))
+    assert monitor.interval_remote_write_bytes > written
+    for obj in worker.remote().batched_get_blocking([key for key, _ in chunks]):
+        obj.ref_count_down()
+    assert monitor.interval_remote_read_bytes > read
+
 def test_lookups_count_the_leading_hits(server, make_worker):
     worker = make_worker(server.url)
     remote = worker.remote()
