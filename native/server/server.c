@@ -317,50 +317,51 @@ fail:
     return rc;
 }
 
-int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len)
+/* One of the server's strings into the caller's buffer, whole or not at all. */
+static int copy_out(const gdrkv_server *s, const char *text, char *buf, size_t len)
 {
     if (!s || !buf)
         return GDRKV_E_INVALID;
-    int n = snprintf(buf, len, "%s", s->address);
+    int n = snprintf(buf, len, "%s", text);
     return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+}
+
+int gdrkv_server_address(gdrkv_server *s, char *buf, size_t len)
+{
+    return copy_out(s, s ? s->address : NULL, buf, len);
 }
 
 int gdrkv_server_unix_path(gdrkv_server *s, char *buf, size_t len)
 {
-    if (!s || !buf)
+    return copy_out(s, s ? s->unix_path : NULL, buf, len);
+}
+
+/* A text the server writes into the caller's buffer (cut at its end). */
+static int write_text(gdrkv_server *s, char *buf, size_t len,
+                      void (*fill)(struct gdrkv_server *, struct gk_text *))
+{
+    struct gk_text t;
+
+    if (!s || !buf || len == 0)
         return GDRKV_E_INVALID;
-    int n = snprintf(buf, len, "%s", s->unix_path);
-    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+    gk_text_init(&t, buf, len);
+    fill(s, &t);
+    return gk_text_finish(&t);
 }
 
 int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len)
 {
-    struct gk_text t;
-
-    if (!s || !buf || len == 0)
-        return GDRKV_E_INVALID;
-    gk_text_init(&t, buf, len);
-    server_stats_text(s, &t);
-    return gk_text_finish(&t);
+    return write_text(s, buf, len, server_stats_text);
 }
 
 int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len)
 {
-    struct gk_text t;
-
-    if (!s || !buf || len == 0)
-        return GDRKV_E_INVALID;
-    gk_text_init(&t, buf, len);
-    server_metrics_text(s, &t);
-    return gk_text_finish(&t);
+    return write_text(s, buf, len, server_metrics_text);
 }
 
 int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len)
 {
-    if (!s || !buf)
-        return GDRKV_E_INVALID;
-    int n = snprintf(buf, len, "%s", s->metrics_address);
-    return n >= 0 && (size_t)n < len ? 0 : GDRKV_E_INVALID;
+    return copy_out(s, s ? s->metrics_address : NULL, buf, len);
 }
 
 void gdrkv_server_stop(gdrkv_server *s)
