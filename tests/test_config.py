@@ -28,6 +28,8 @@ EVERY = {
     "unix_path": "",
     "lease_timeout_ms": 777,
     "rdma": "off",
+    "shm_staging": "8MiB",
+    "single_tenant": True,
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",

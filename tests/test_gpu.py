@@ -176,6 +176,54 @@ def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
         assert got == value
 
 
+@pytest.mark.parametrize("server_mode", ["staged", "single-tenant"])
+@pytest.mark.parametrize("size", [4 << 10, 64 << 10, 1 << 20, 6 << 20],
+                         ids=lambda s: f"{s >> 10}KiB")
+def test_gpu_put_over_shm_never_crosses_the_socket(torch, server_factory, make_client,
+                                                   server_mode, size):
+    """GPU values of a shm PUT go by one launch per frame into the
+    connection's staging (the server copies them into the pool), or on a
+    single-tenant server straight into the reserved chunks; objects split
+    between a host and a GPU segment too. Byte-exact, and no value byte
+    on the socket."""
+    single = server_mode == "single-tenant"
+    srv = server_factory(memory="768MiB", args=["--single-tenant"] if single else [])
+    client = make_client(srv.url, namespace=unique("gput"), transport="shm")
+    count = count_for(size)
+    keys = [f"gput-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    src = gpu_buffer(torch, 2 * count * size)
+    src_ptrs = scattered(src.data_ptr(), size, count, seed=5)
+    write_gpu(torch, src, src_ptrs, values)
+    host = np.frombuffer(b"".join(values), np.uint8).copy()
+    client.register(src)
+    hbase, _ = client.register(host)
+    # Every third object: its first half from host memory, the rest from the GPU.
+    ptrs, lens = [], []
+    for i, p in enumerate(src_ptrs):
+        if i % 3 == 2:
+            half = size // 2
+            ptrs.append([hbase + i * size, p + half])
+            lens.append([half, size - half])
+        else:
+            ptrs.append(p)
+            lens.append(size)
+    before = client.stats()["client"]
+    assert client.batch_put(keys, ptrs, lens) == [0] * count
+    after = client.stats()["client"]
+    assert after["gpu_kernel_launches"] + after["gpu_copy_engine_calls"] > \
+        before["gpu_kernel_launches"] + before["gpu_copy_engine_calls"]
+    out = np.zeros(count * size, np.uint8)
+    obase, _ = client.register(out)
+    assert client.batch_get(keys, [obase + i * size for i in range(count)],
+                            [size] * count) == [size] * count
+    assert [out[i * size:(i + 1) * size].tobytes() for i in range(count)] == values
+    stats = srv.stats()
+    assert stat(stats, "bytes_in") == 0
+    moved = stat(stats, "shm_reserved_bytes" if single else "shm_staged_bytes")
+    assert moved == count * size
+
+
 @pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
 def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
     # One connection: the batch is one frame (more would stripe it).

@@ -269,7 +269,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ invalid ops
 
-    @rule(c=CONN, opcode=st.sampled_from([0, 15, 99, 127]), body=st.binary(max_size=64))
+    @rule(c=CONN, opcode=st.sampled_from([0, 16, 99, 127]), body=st.binary(max_size=64))
     def unknown_opcode(self, c, opcode, body):
         c = self.pick(c)
         if c.closed:

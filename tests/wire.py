@@ -39,6 +39,8 @@ OP_RDMA_HELLO = 11  # rdma transport: QPs for the connection
 OP_RESERVE = 12
 OP_COMMIT = 13
 OP_AUTH = 14        # before anything else, on a server with a token
+OP_PUT_STAGED = 15  # shm: values in the connection's staging memfd
+HELLO_WRITABLE = 1  # HELLO answer flag: single-tenant server
 OP_RESPONSE = 0x80
 AUTH_NONCE_SIZE = 32
 LEASE_OBJ_SIZE = 8
@@ -100,7 +102,8 @@ def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
     """A well-formed request frame. entries: (key bytes, size) pairs; keyed
     opcodes always get a body (CLEAR's has no entries)."""
     entries = list(entries)
-    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE, OP_RESERVE)
+    keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE, OP_RESERVE,
+                       OP_PUT_STAGED)
     body = encode_body(entries, ns) if keyed else b""
     hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
                  payload_len=len(payload), req_id=req_id)
@@ -254,14 +257,24 @@ def connect_unix(path, timeout=5.0):
     return Conn(sock, timeout)
 
 
-def hello(conn):
-    """HELLO on a unix Conn: (header, results, the pool's fd or None)."""
+def hello_fds(conn):
+    """HELLO on a unix Conn: (header, results, [the pool's fd, the
+    connection's staging fd when the server gives one])."""
     conn.send(Header(opcode=OP_HELLO).pack())
-    data, fds, _, _ = socket.recv_fds(conn.sock, HDR_SIZE, 1)
+    data, fds, _, _ = socket.recv_fds(conn.sock, HDR_SIZE, 2)
     data += conn.recv_exact(HDR_SIZE - len(data)) if len(data) < HDR_SIZE else b""
     hdr = Header.unpack(data)
     body = conn.recv_exact(hdr.body_len)
-    return hdr, (body if hdr.status else decode_results(body)), (fds[0] if fds else None)
+    return hdr, (body if hdr.status else decode_results(body)), fds
+
+
+def hello(conn):
+    """HELLO on a unix Conn: (header, results, the pool's fd or None); a
+    staging fd is closed."""
+    hdr, results, fds = hello_fds(conn)
+    for fd in fds[1:]:
+        os.close(fd)
+    return hdr, results, (fds[0] if fds else None)
 
 
 def decode_lease(body, count):

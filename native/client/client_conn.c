@@ -63,11 +63,12 @@ static int send_rdma_hello(struct client_endpoint *ep, int fd, struct client_rdm
 struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadline_ns, int *err)
 {
     struct client_pool *pool = NULL;
+    struct client_staging staging = {0};
     struct gk_connecting *tcp = NULL;
     int fd = GDRKV_E_UNAVAILABLE;
 
     if (ep->unix_path[0]) {
-        fd = client_shm_connect(ep, deadline_ns, &pool);
+        fd = client_shm_connect(ep, deadline_ns, &pool, &staging);
         if (fd < 0 && !ep->shm_only)
             GK_DEBUG("%s: no shm on %s (%s), using tcp", ep->name, ep->unix_path,
                      gdrkv_strerror(fd));
@@ -85,6 +86,7 @@ struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadli
         else if (fd >= 0)
             close(fd);
         free(tcp);
+        client_staging_unmap(&staging);
         client_pool_put(pool);
         *err = fd < 0 ? fd : GDRKV_E_INTERNAL;
         return NULL;
@@ -92,6 +94,7 @@ struct client_conn *client_conn_open(struct client_endpoint *ep, uint64_t deadli
     c->fd = fd;
     c->ep = ep;
     c->pool = pool;
+    c->staging = staging;
     c->connecting = tcp;
     c->connect_deadline_ns = deadline_ns;
     c->rdma_only = ep->rdma_only;
@@ -154,6 +157,7 @@ void client_conn_close(struct client_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->connecting);
+    client_staging_unmap(&c->staging);
     client_pool_put(c->pool);
     client_copy_free(&c->copies);
     free(c->body_heap);
@@ -209,6 +213,7 @@ static int read_leased(struct client_conn *c);
 static int write_reserved(struct client_conn *c);
 static int end_lease(struct client_conn *c);
 static int take_commit(struct client_conn *c);
+static int copy_reserved(struct client_conn *c);
 
 /* How a frame travels, chosen once when it begins by the connection's
  * transport and the frame's segments: the request that carries it, the
@@ -224,13 +229,25 @@ struct client_exchange {
                                copy moves them */
 };
 
-enum { EXCHANGE_PLAIN, EXCHANGE_SHM_LEASE, EXCHANGE_RDMA_LEASE, EXCHANGE_RDMA_RESERVE };
+enum {
+    EXCHANGE_PLAIN,
+    EXCHANGE_SHM_LEASE,
+    EXCHANGE_SHM_STAGED,
+    EXCHANGE_SHM_RESERVE,
+    EXCHANGE_RDMA_LEASE,
+    EXCHANGE_RDMA_RESERVE
+};
 
 static const struct client_exchange exchanges[] = {
     /* tcp, and every frame shm or rdma don't take: values on the socket */
     [EXCHANGE_PLAIN] = {0, take_plain, 0, NULL, 1},
     /* shm GET: copied out of the mapped pool, then the lease confirmed */
     [EXCHANGE_SHM_LEASE] = {GK_OP_LEASE, copy_leased, GK_OP_RELEASE, end_lease, 0},
+    /* shm PUT: copied into the connection's staging before the request
+     * goes (stage_values); the server copies them into the pool */
+    [EXCHANGE_SHM_STAGED] = {GK_OP_PUT_STAGED, take_plain, 0, NULL, 0},
+    /* shm PUT, single-tenant server: copied into the reserved chunks, then committed */
+    [EXCHANGE_SHM_RESERVE] = {GK_OP_RESERVE, copy_reserved, GK_OP_COMMIT, take_commit, 0},
     /* rdma GET into registered memory: READ by the NIC, then confirmed */
     [EXCHANGE_RDMA_LEASE] = {GK_OP_LEASE, read_leased, GK_OP_RELEASE, end_lease, 0},
     /* rdma PUT from registered memory: WRITTEN into reserved chunks, then committed */
@@ -243,6 +260,11 @@ static const struct client_exchange *choose_exchange(const struct client_conn *c
 
     if (c->pool && op == GK_OP_GET)
         return &exchanges[EXCHANGE_SHM_LEASE];
+    if (c->pool && op == GK_OP_PUT && c->pool->writable)
+        return &exchanges[EXCHANGE_SHM_RESERVE];
+    if (c->pool && op == GK_OP_PUT && c->staging.base &&
+        c->frame->payload_len <= c->staging.len)
+        return &exchanges[EXCHANGE_SHM_STAGED];
     if (c->rdma && (op == GK_OP_GET || op == GK_OP_PUT) &&
         client_rdma_frame_ok(c->rdma, c->batch, c->frame))
         return &exchanges[op == GK_OP_GET ? EXCHANGE_RDMA_LEASE : EXCHANGE_RDMA_RESERVE];
@@ -263,6 +285,28 @@ static void expect_answer(struct client_conn *c, uint8_t op, uint64_t req_id,
 }
 
 static int take_request_answer(struct client_conn *c);
+static int run_put_copies(struct client_conn *c, struct client_staging *staging,
+                          struct gpu_list *gpu);
+
+/* A PUT_STAGED frame's values, copied into the connection's staging: the
+ * GPU ones by one launch, the host ones by the CPU meanwhile. 0 when they
+ * are in place, 1 when the launch still runs (GPU_WAIT sends the frame
+ * once it is done), or a negative error. */
+static int stage_values(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
+
+    if (b->gpu && !gpu)
+        return GDRKV_E_INTERNAL;
+    int rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
+    if (rc == 0)
+        rc = run_put_copies(c, &c->staging, gpu);
+    client_copy_reset(&c->copies);
+    b->shm_bytes_staged += rc < 0 ? 0 : f->payload_len;
+    return rc;
+}
 
 /* Chooses the frame's exchange, encodes its request and starts sending it. */
 static void begin_frame(struct client_conn *c)
@@ -278,7 +322,13 @@ static void begin_frame(struct client_conn *c)
     c->why = NULL;
     /* GPU segments: PUT values gathered into staging, socket GET values
      * received into it (the iov below reads b->seg_ptrs, now redirected). */
-    c->gpu_err = b->gpu && c->ex->staged ? gpu_conn_start(&c->gpu, b, f, 1) : 0;
+    c->start_err = b->gpu && c->ex->staged ? gpu_conn_start(&c->gpu, b, f, 1) : 0;
+    if (c->ex == &exchanges[EXCHANGE_SHM_STAGED]) {
+        int rc = stage_values(c);
+        c->start_err = GK_MIN(rc, 0);
+        if (rc == 1)
+            c->phase = CLIENT_CONN_GPU_WAIT;    /* the call's other connections go on */
+    }
     client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first,
                     op == GK_OP_PUT ? f->count : 0, b->sizes);
 }
@@ -602,16 +652,23 @@ static int copy_leased(struct client_conn *c)
     return 0;
 }
 
-/* The LEASE's kernel: when it is done the bytes are the caller's, and the
- * lease can end. */
+/* The frame's launch: when a LEASE's is done the bytes are the caller's,
+ * and the lease can end; when a PUT's is done the values are in staging
+ * (the frame goes) or in the reserved chunks (COMMIT goes). */
 static int wait_gpu(struct client_conn *c)
 {
-    int rc = gpu_conn_leased_done(c->gpu);
+    int rc = gpu_conn_copy_done(c->gpu);
     if (rc < 0) {
         c->why = "GPU copy failed";
         return rc;
     }
-    if (rc == 1) {
+    if (rc == 0)
+        return 0;
+    if (c->ex == &exchanges[EXCHANGE_SHM_STAGED]) {
+        c->phase = CLIENT_CONN_SEND;
+    } else if (c->ex == &exchanges[EXCHANGE_SHM_RESERVE]) {
+        send_followup(c, c->commit, c->frame->count, c->frame->count);
+    } else {
         c->batch->shm_bytes_copied += c->leased_bytes;
         send_followup(c, c->release, 0, 0);
     }
@@ -631,6 +688,91 @@ static int end_lease(struct client_conn *c)
         c->batch->shm_leases_expired++;
     }
     return 1;
+}
+
+/* A RESERVE answered: flags (the COMMIT request's body, one byte per key
+ * of the frame) set for the keys reserved, whose values go now; the
+ * others get their result (stored already: 0, or an error). */
+static int take_reservations(struct client_conn *c, uint8_t **flags_out)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    size_t need = GK_HDR_SIZE + (size_t)f->count;
+
+    if (need > c->commit_cap) {
+        uint8_t *p = realloc(c->commit, need);
+        if (!p) {
+            c->why = "out of memory";
+            return GDRKV_E_INTERNAL;
+        }
+        c->commit = p;
+        c->commit_cap = need;
+    }
+    uint8_t *flags = c->commit + GK_HDR_SIZE;
+    for (uint32_t k = 0; k < f->count; k++) {
+        uint32_t p = f->first + k;
+        struct gk_result r = key_result(c, k);
+        if (r.status > GK_RESERVE_PRESENT)
+            return broken(c, "positive key status");
+        if (r.status == 0 && r.size != b->sizes[p])
+            return broken(c, "reserved size differs from the value's");
+        flags[k] = r.status == 0;
+        b->results[b->index[p]] = r.status < 0 ? r.status : 0;
+    }
+    *flags_out = flags;
+    return 0;
+}
+
+/* A PUT frame's copies, planned into c->copies (host sources) and gpu:
+ * into staging, or a single-tenant pool's reservations (staging NULL).
+ * 0 when done, 1 when the GPU's part still runs, or a negative error. */
+static int run_put_copies(struct client_conn *c, struct client_staging *staging,
+                          struct gpu_list *gpu)
+{
+    struct client_batch *b = c->batch;
+    int rc = 0;
+    if (gpu)
+        rc = gpu_conn_copy_put(c->gpu, staging, c->pool, b, &c->copies, b->copier);
+    else if (c->copies.count)
+        client_copy_run(b->copier, &c->copies);
+    client_copy_reset(&c->copies);
+    return rc;
+}
+
+/* The RESERVE answered on a single-tenant server: copies the values of
+ * the reserved keys into their chunks of the (writable) pool, then
+ * COMMITs them. */
+static int copy_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint8_t *flags;
+    size_t len;
+
+    int rc = take_reservations(c, &flags);
+    if (rc)
+        return rc;
+    const uint8_t *lists = chunk_lists(c, &len);
+    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
+         : client_shm_plan_reserved(c->pool, lists, len, b, f->first, f->count, flags,
+                                    &c->copies, gpu);
+    if (rc == GDRKV_E_PROTOCOL)
+        return broken(c, "bad chunk lists");
+    if (rc == 0)
+        rc = run_put_copies(c, NULL, gpu);
+    if (rc < 0) {
+        client_copy_reset(&c->copies);
+        c->why = "the values could not be copied into the pool";
+        return rc;
+    }
+    for (uint32_t k = 0; k < f->count; k++)
+        b->shm_bytes_staged += flags[k] ? b->sizes[f->first + k] : 0;
+    if (rc == 1)
+        c->phase = CLIENT_CONN_GPU_WAIT;    /* COMMIT goes once the launch is done */
+    else
+        send_followup(c, c->commit, f->count, f->count);
+    return 0;
 }
 
 /* ------------------------------------------------------------ rdma */
@@ -668,37 +810,20 @@ static int read_leased(struct client_conn *c)
     return rc;
 }
 
-/* The RESERVE answered: WRITEs the values of the reserved keys, then
- * COMMITs those whose bytes all arrived (flags, one per key of the frame). */
+/* The RESERVE answered over rdma: WRITEs the values of the reserved keys,
+ * then COMMITs those whose bytes all arrived. */
 static int write_reserved(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    size_t need = GK_HDR_SIZE + (size_t)f->count;
+    uint8_t *flags;
     size_t len;
 
-    if (need > c->commit_cap) {
-        uint8_t *p = realloc(c->commit, need);
-        if (!p) {
-            c->why = "out of memory";
-            return GDRKV_E_INTERNAL;
-        }
-        c->commit = p;
-        c->commit_cap = need;
-    }
-    uint8_t *flags = c->commit + GK_HDR_SIZE;
-    for (uint32_t k = 0; k < f->count; k++) {
-        uint32_t p = f->first + k;
-        struct gk_result r = key_result(c, k);
-        if (r.status > GK_RESERVE_PRESENT)
-            return broken(c, "positive key status");
-        if (r.status == 0 && r.size != b->sizes[p])
-            return broken(c, "reserved size differs from the value's");
-        flags[k] = r.status == 0;
-        b->results[b->index[p]] = r.status < 0 ? r.status : 0;
-    }
+    int rc = take_reservations(c, &flags);
+    if (rc)
+        return rc;
     const uint8_t *lists = chunk_lists(c, &len);
-    int rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
+    rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
     if (rc)
         return rc;
     /* Reserved keys COMMIT drops make the server stop this connection's
@@ -861,9 +986,9 @@ int client_conn_progress(struct client_conn *c)
     for (;;) {
         /* Checked before every phase: a frame begun inside this loop (after
          * RDMA_HELLO) must not send staging its GPU gather failed to fill. */
-        if (c->gpu_err) {
-            c->why = "GPU staging failed";
-            return c->gpu_err;
+        if (c->start_err) {
+            c->why = "the values could not be staged (GPU or shm copy failed)";
+            return c->start_err;
         }
         enum client_conn_phase before = c->phase;
         int rc = run_phase(c);

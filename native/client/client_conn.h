@@ -12,15 +12,19 @@
  * Over shm (a unix socket, with the server's pool mapped) a GET goes out as
  * a LEASE: the answer says where the objects are in the pool, the values
  * are copied from there into the caller's segments, and a RELEASE confirms
- * the objects stayed pinned throughout, or fails the frame's keys.
+ * the objects stayed pinned throughout, or fails the frame's keys. A PUT
+ * goes out as PUT_STAGED, its values copied into the connection's staging
+ * memfd first and from there by the server into the pool; on a
+ * single-tenant server as RESERVE, copies into the reserved chunks, then
+ * COMMIT.
  *
  * Over rdma (a tcp control connection with QPs, client_rdma.h) a GET whose
  * segments are all registered goes out as a LEASE too, its objects READ
  * by the NIC; such a PUT goes out as RESERVE, its values WRITTEN into the
  * reserved chunks, then COMMIT. Other frames travel on the socket.
  *
- * Which of these exchanges a frame is (plain, shm lease, rdma lease, rdma
- * reserve/commit) is chosen once when it begins, from a table in
+ * Which of these exchanges a frame is (plain, shm lease, shm staged, shm
+ * reserve/commit, rdma lease, rdma reserve/commit) is chosen once when it begins, from a table in
  * client_conn.c: the request's op, its answer's handler, and the
  * follow-up request (RELEASE, COMMIT) that handler sends.
  */
@@ -41,7 +45,8 @@ enum client_conn_phase {
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body (rdma: first RDMA_HELLO's) */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
-    CLIENT_CONN_GPU_WAIT        /* shm: a LEASE's kernel runs; RELEASE goes after it */
+    CLIENT_CONN_GPU_WAIT        /* shm: a frame's launch runs; then RELEASE (LEASE), the
+                                   request (PUT_STAGED) or COMMIT (RESERVE) goes */
 };
 
 struct client_exchange;
@@ -56,7 +61,8 @@ struct client_conn {
     uint64_t next_req_id;
     uint64_t idle_since_ns;     /* when it went back to its server's idle stack */
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
-    struct client_copy_list copies; /* shm: the current LEASE's copies */
+    struct client_staging staging;  /* shm: where PUT values go for the server */
+    struct client_copy_list copies; /* shm: the current frame's copies */
     struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */
     int rdma_broken;            /* a QP failed: finish the frame, then close */
     int rdma_only;              /* transport rdma: no plain frames if the set-up fails */
@@ -64,7 +70,8 @@ struct client_conn {
     uint8_t *commit;            /* rdma: the COMMIT request (header + flags) */
     size_t commit_cap;
     struct gpu_conn *gpu;       /* GPU staging and copies (client_gpu.h), on first use */
-    int gpu_err;                /* the frame's GPU staging failed: fail it */
+    int start_err;              /* the frame's values could not be put in place
+                                   (GPU staging, shm staging): fail it */
 
     /* The frame in flight. */
     enum client_conn_phase phase;

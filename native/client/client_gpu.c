@@ -387,25 +387,33 @@ int gpu_conn_received(struct gpu_conn *g, struct client_batch *b, const struct c
 
 /* ------------------------------------------------------------ shm pool */
 
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Registers the pool mapping with CUDA on its first GPU copy: 1 when the
- * GPU reads it directly, 0 when it could not be registered. */
+/* Registers a shared mapping (the pool, a staging memfd) with CUDA on its
+ * first GPU copy: 1 when the GPU reaches it directly (*dptr), 0 when it
+ * could not be registered (*state remembers either). */
+static int shared_mapped(const void *base, size_t len, int readonly, int *state,
+                         uint64_t *dptr)
+{
+    int now = __atomic_load_n(state, __ATOMIC_ACQUIRE);
+    if (now == 0) {
+        pthread_mutex_lock(&register_lock);
+        if (*state == 0) {
+            CUdeviceptr d = 0;
+            now = gpu_register_shared(base, len, readonly, &d) ? -1 : 1;
+            *dptr = d;
+            __atomic_store_n(state, now, __ATOMIC_RELEASE);
+        }
+        now = *state;
+        pthread_mutex_unlock(&register_lock);
+    }
+    return now == 1;
+}
+
 static int pool_mapped(struct client_pool *pool)
 {
-    int state = __atomic_load_n(&pool->gpu_state, __ATOMIC_ACQUIRE);
-    if (state == 0) {
-        pthread_mutex_lock(&pool_lock);
-        if (pool->gpu_state == 0) {
-            CUdeviceptr dptr = 0;
-            state = gpu_register_readonly(pool->base, pool->map_len, &dptr) ? -1 : 1;
-            pool->gpu_dptr = dptr;
-            __atomic_store_n(&pool->gpu_state, state, __ATOMIC_RELEASE);
-        }
-        state = pool->gpu_state;
-        pthread_mutex_unlock(&pool_lock);
-    }
-    return state == 1;
+    return shared_mapped(pool->base, pool->map_len, !pool->writable, &pool->gpu_state,
+                         &pool->gpu_dptr);
 }
 
 void gpu_pool_release(struct client_pool *pool)
@@ -415,19 +423,53 @@ void gpu_pool_release(struct client_pool *pool)
     pool->gpu_state = 0;
 }
 
+void gpu_staging_release(struct client_staging *st)
+{
+    if (st->gpu_state == 1)
+        gpu_unregister(st->base);
+    st->gpu_state = 0;
+}
+
+/* How much of a connection's staging memfd is registered with CUDA: the
+ * registration pins (and so allocates) every page of it, on every
+ * connection that puts GPU values, and shm PUT frames carry at most 1 MiB
+ * but for a single larger object (client_call.c). Such an object's frame,
+ * when it outgrows this, is copied by the copy engines into unregistered
+ * staging (the driver pins what it needs itself). */
+#define GPU_STAGING_REGISTERED (8ull << 20)
+
+/* Whether every piece's destination lies in [base, base + len). */
+static int dsts_within(const struct gpu_list *l, uint64_t base, uint64_t len)
+{
+    for (uint32_t i = 0; i < l->count; i++)
+        if (l->pieces[i].dst < base || l->pieces[i].dst - base + l->pieces[i].len > len)
+            return 0;
+    return 1;
+}
+
+/* Moves the pieces of g->list (host addresses inside [base, base + len),
+ * mapped as *dptr) to where the GPU reaches them, or returns the mode
+ * that works without: the copy engines, which stage pageable memory
+ * themselves. */
+static int to_device(struct gpu_conn *g, int mode, int mapped, uint64_t base, uint64_t dptr,
+                     int dst_side)
+{
+    if (!mapped)
+        return GPU_MODE_COPY_ENGINE;
+    for (uint32_t i = 0; i < g->list.count; i++) {
+        uint64_t *at = dst_side ? &g->list.pieces[i].dst : &g->list.pieces[i].src;
+        *at = dptr + (*at - base);
+    }
+    return mode;
+}
+
 int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
                          const struct client_copy_list *host, struct client_copier *copier)
 {
     struct gpu_call *gc = b->gpu;
-    int mode = gc->mode;
-    uint64_t base = (uint64_t)(uintptr_t)pool->base;
-
-    if (pool_mapped(pool)) {
-        for (uint32_t i = 0; i < g->list.count; i++)
-            g->list.pieces[i].src = pool->gpu_dptr + (g->list.pieces[i].src - base);
-    } else {
-        mode = GPU_MODE_COPY_ENGINE;    /* the driver stages pageable memory itself */
-    }
+    int mapped = pool_mapped(pool);     /* first: it sets pool->gpu_dptr */
+    int mode = to_device(g, gc->mode, mapped, (uint64_t)(uintptr_t)pool->base, pool->gpu_dptr,
+                         0);
     int rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
     if (host->count)
         client_copy_run(copier, host);
@@ -435,7 +477,34 @@ int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct cl
     return rc;
 }
 
-int gpu_conn_leased_done(struct gpu_conn *g)
+int gpu_conn_copy_put(struct gpu_conn *g, struct client_staging *staging,
+                      struct client_pool *pool, struct client_batch *b,
+                      const struct client_copy_list *host, struct client_copier *copier)
+{
+    int launched = g->list.count > 0;
+    struct gpu_call *gc = b->gpu;
+    int rc = 0;
+    if (g->list.count && staging) {
+        uint64_t base = (uint64_t)(uintptr_t)staging->base;
+        uint64_t len = GK_MIN(staging->len, GPU_STAGING_REGISTERED);
+        int mapped = dsts_within(&g->list, base, len) &&
+                     shared_mapped(staging->base, len, 0, &staging->gpu_state,
+                                   &staging->gpu_dptr);
+        int mode = to_device(g, gc->mode, mapped, base, staging->gpu_dptr, 1);
+        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+    } else if (g->list.count) {
+        int mapped = pool_mapped(pool);
+        int mode = to_device(g, gc->mode, mapped, (uint64_t)(uintptr_t)pool->base,
+                             pool->gpu_dptr, 1);
+        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+    }
+    if (host->count)
+        client_copy_run(copier, host);
+    gpu_list_reset(&g->list);
+    return rc ? rc : launched;
+}
+
+int gpu_conn_copy_done(struct gpu_conn *g)
 {
     return gpu_slot_poll(&g->slots[0]);
 }

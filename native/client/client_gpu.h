@@ -12,9 +12,13 @@
  *             buffers of the connection; once the frame is in, one launch
  *             moves them to the GPU while the next frame is received into
  *             the other buffer.
- *   PUT       (values go on the socket, both transports) a frame's
- *             GPU-sourced values are first gathered into pinned staging
- *             by one launch, then sent from there.
+ *   shm PUT   a frame's GPU-sourced values are gathered by one launch
+ *             straight into the connection's staging memfd (registered
+ *             once as mapped pinned memory), or on a single-tenant server
+ *             into the reservations in the pool, while the CPU copies the
+ *             host ones; the frame goes once both are done.
+ *   tcp PUT   a frame's GPU-sourced values are first gathered into pinned
+ *             staging by one launch, then sent from there.
  *
  * A call with no GPU segment never gets here: its batch has gpu == NULL.
  */
@@ -30,6 +34,7 @@ struct client_keys;
 struct client_batch;
 struct client_frame;
 struct client_pool;
+struct client_staging;
 struct client_copy_list;
 struct client_copier;
 
@@ -90,17 +95,29 @@ int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct 
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
 /* Starts a LEASE's copies: the GPU list by one launch, the host pieces by
  * the CPU meanwhile; returns when the host ones are done and the launch is
- * queued. gpu_conn_leased_done then says when the GPU is done too, so the
+ * queued. gpu_conn_copy_done then says when the GPU is done too, so the
  * call's other connections move on while the kernel runs. */
 int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct client_batch *b,
                          const struct client_copy_list *host, struct client_copier *copier);
-/* 1 when the LEASE's launch finished, 0 while it runs, or an error. */
-int gpu_conn_leased_done(struct gpu_conn *gc);
+/* Starts a PUT frame's copies into shared memory: the list (gpu_conn_list)
+ * into the staging memfd (staging set) or a single-tenant pool's
+ * reservations (staging NULL) by one launch, the host pieces by the CPU
+ * meanwhile. Returns when the host ones are done: 0 when there was
+ * nothing to launch, 1 when gpu_conn_copy_done must say when the GPU is
+ * done too (the frame goes then), or a negative error. */
+int gpu_conn_copy_put(struct gpu_conn *gc, struct client_staging *staging,
+                      struct client_pool *pool, struct client_batch *b,
+                      const struct client_copy_list *host, struct client_copier *copier);
+/* 1 when the connection's launch (a LEASE's, or a PUT's) finished, 0
+ * while it runs, or an error. */
+int gpu_conn_copy_done(struct gpu_conn *gc);
 /* Waits for the connection's copies in flight; 0 or a negative error. */
 int gpu_conn_drain(struct gpu_conn *gc);
 void gpu_conn_free(struct gpu_conn *gc);
 
-/* Drops a pool mapping's CUDA registration (before it is unmapped). */
+/* Drop a pool's or a staging memfd's CUDA registration (before it is
+ * unmapped). */
 void gpu_pool_release(struct client_pool *pool);
+void gpu_staging_release(struct client_staging *st);
 
 #endif

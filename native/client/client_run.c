@@ -252,5 +252,6 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     gk_counter_add(&c->counters.bytes_sent, call->batch.bytes_sent);
     gk_counter_add(&c->counters.bytes_received, call->batch.bytes_received);
     gk_counter_add(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
+    gk_counter_add(&c->counters.shm_bytes_staged, call->batch.shm_bytes_staged);
     gk_counter_add(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
 }

@@ -34,15 +34,16 @@ void client_pool_put(struct client_pool *p)
     }
 }
 
-/* Receives exactly len bytes; the first recvmsg may carry a descriptor,
- * which lands in *passed (closed again if a second one comes). */
-static int recv_exact(int fd, uint8_t *buf, size_t len, int *passed, uint64_t deadline_ns)
+/* Receives exactly len bytes; descriptors that come with them land in
+ * fds[0] and fds[1] in order (fds[nfds++]); any beyond those are closed. */
+static int recv_exact(int fd, uint8_t *buf, size_t len, int fds[2], int *nfds,
+                      uint64_t deadline_ns)
 {
     size_t got = 0;
     while (got < len) {
         union {
             struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(2 * sizeof(int))];
         } control;
         struct iovec iov = {.iov_base = buf + got, .iov_len = len - got};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
@@ -57,11 +58,16 @@ static int recv_exact(int fd, uint8_t *buf, size_t len, int *passed, uint64_t de
         if (n <= 0 || (msg.msg_flags & MSG_CTRUNC))
             return GDRKV_E_UNAVAILABLE;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-                cm->cmsg_len == CMSG_LEN(sizeof(int))) {
-                if (*passed >= 0)
-                    close(*passed);
-                memcpy(passed, CMSG_DATA(cm), sizeof(int));
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < count; i++) {
+                int passed;
+                memcpy(&passed, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                if (*nfds < 2)
+                    fds[(*nfds)++] = passed;
+                else
+                    close(passed);
             }
         }
         got += (size_t)n;
@@ -69,21 +75,37 @@ static int recv_exact(int fd, uint8_t *buf, size_t len, int *passed, uint64_t de
     return 0;
 }
 
-/* HELLO: returns the pool's fd and size, or a negative gdrkv_error. */
-static int hello(int fd, uint64_t deadline_ns, uint64_t *size)
+/* What HELLO brings: the pool's fd and size, the connection's staging fd
+ * (or -1), and the answer's flags. */
+struct hello_answer {
+    int fds[2];
+    int nfds;
+    uint64_t size;
+    uint16_t flags;
+};
+
+static void hello_drop(struct hello_answer *a)
+{
+    for (int i = 0; i < a->nfds; i++)
+        close(a->fds[i]);
+    a->nfds = 0;
+}
+
+/* HELLO: 0 with *a filled (at least the pool's fd), or a negative gdrkv_error. */
+static int hello(int fd, uint64_t deadline_ns, struct hello_answer *a)
 {
     uint8_t buf[GK_HDR_SIZE];
     uint8_t body[GK_RESULT_SIZE];
     struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_HELLO,
                        .req_id = 1};
     struct gk_result r;
-    int pool_fd = -1;
 
+    *a = (struct hello_answer){.fds = {-1, -1}};
     gk_hdr_encode(&h, buf);
     /* A fresh local socket always takes 40 bytes at once. */
     if (send(fd, buf, sizeof buf, MSG_NOSIGNAL) != (ssize_t)sizeof buf)
         return GDRKV_E_UNAVAILABLE;
-    int rc = recv_exact(fd, buf, sizeof buf, &pool_fd, deadline_ns);
+    int rc = recv_exact(fd, buf, sizeof buf, a->fds, &a->nfds, deadline_ns);
     if (rc == 0) {
         gk_hdr_decode(buf, &h);
         if (h.magic != GK_MAGIC || h.opcode != (GK_OP_HELLO | GK_OP_RESPONSE) ||
@@ -94,27 +116,26 @@ static int hello(int fd, uint64_t deadline_ns, uint64_t *size)
                                             : GDRKV_E_PROTOCOL;
     }
     if (rc == 0)
-        rc = recv_exact(fd, body, sizeof body, &pool_fd, deadline_ns);
+        rc = recv_exact(fd, body, sizeof body, a->fds, &a->nfds, deadline_ns);
     if (rc == 0) {
         gk_result_decode(body, &r);
-        rc = r.status != 0 || r.size == 0 || pool_fd < 0 ? GDRKV_E_PROTOCOL : 0;
-        *size = r.size;
+        rc = r.status != 0 || r.size == 0 || a->nfds < 1 ? GDRKV_E_PROTOCOL : 0;
+        a->size = r.size;
+        a->flags = h.flags;
     }
-    if (rc) {
-        if (pool_fd >= 0)
-            close(pool_fd);
-        return rc;
-    }
-    return pool_fd;
+    if (rc)
+        hello_drop(a);
+    return rc;
 }
 
-static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size)
+static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size, int writable)
 {
     struct client_pool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
     p->map_len = (size_t)st->st_size;
-    void *base = mmap(NULL, p->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    void *base = mmap(NULL, p->map_len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED,
+                      fd, 0);
     if (base == MAP_FAILED) {
         GK_WARN("cannot map the server's pool: %s", strerror(errno));
         free(p);
@@ -124,29 +145,32 @@ static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size
     p->size = size;
     p->dev = st->st_dev;
     p->ino = st->st_ino;
+    p->writable = writable;
     p->refs = 1;
     return p;
 }
 
-/* The mapping of the pool behind pool_fd, shared with the endpoint's
- * other connections when they map the same memfd; referenced for the
- * caller. */
-/* Whether the pool memfd is sealed as docs/transports.md says: it can't
- * shrink (which would SIGBUS us mid-copy), grow, or be written again. */
-static int sealed(int pool_fd)
+/* Whether a memfd can neither shrink (which would SIGBUS us mid-copy) nor
+ * grow, and, unless writable is allowed, be written again: the pool as
+ * docs/transports.md says, and a staging memfd (writable, of course). */
+static int sealed(int fd, int writable)
 {
-    int seals = fcntl(pool_fd, F_GET_SEALS);
+    int seals = fcntl(fd, F_GET_SEALS);
     int need = F_SEAL_SHRINK | F_SEAL_GROW;
     return seals >= 0 && (seals & need) == need &&
-           (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+           (writable || (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)));
 }
 
-static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint64_t size)
+/* The mapping of the pool behind pool_fd, shared with the endpoint's
+ * other connections when they map the same memfd; referenced for the
+ * caller. A single-tenant server's pool (writable) is mapped writable. */
+static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint64_t size,
+                                   int writable)
 {
     struct stat st;
     struct client_pool *p = NULL, *old = NULL;
 
-    if (!sealed(pool_fd)) {
+    if (!sealed(pool_fd, writable)) {
         GK_WARN("%s: its pool memfd is not sealed: not mapping it", ep->name);
         return NULL;
     }
@@ -155,9 +179,9 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
         return NULL;
     pthread_mutex_lock(&ep->pool_lock);
     if (ep->pool && ep->pool->dev == st.st_dev && ep->pool->ino == st.st_ino &&
-        ep->pool->size == size) {
+        ep->pool->size == size && ep->pool->writable == writable) {
         p = ep->pool;
-    } else if ((p = map_pool(pool_fd, &st, size))) {
+    } else if ((p = map_pool(pool_fd, &st, size, writable))) {
         old = ep->pool;
         ep->pool = p;
     }
@@ -168,10 +192,41 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
     return p;
 }
 
-int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
-                       struct client_pool **pool)
+/* Maps the connection's staging memfd, when the server gave one that is
+ * sealed against shrinking; without it PUTs simply go on the socket. */
+static void map_staging(struct client_endpoint *ep, int fd, struct client_staging *st)
 {
-    uint64_t size = 0;
+    struct stat sb;
+    *st = (struct client_staging){0};
+    if (fd < 0)
+        return;
+    if (!sealed(fd, 1) || fstat(fd, &sb) != 0 || sb.st_size <= 0) {
+        GK_WARN("%s: its staging memfd is not sealed: PUTs go on the socket", ep->name);
+        return;
+    }
+    void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        GK_DEBUG("%s: cannot map its staging memfd (%s): PUTs go on the socket", ep->name,
+                 strerror(errno));
+        return;
+    }
+    st->base = base;
+    st->len = (uint64_t)sb.st_size;
+}
+
+void client_staging_unmap(struct client_staging *st)
+{
+    if (!st->base)
+        return;
+    gpu_staging_release(st);
+    munmap(st->base, st->len);
+    st->base = NULL;
+}
+
+int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
+                       struct client_pool **pool, struct client_staging *staging)
+{
+    struct hello_answer a;
     int fd = gk_connect_unix(ep->unix_path);
     if (fd < 0)
         return fd;
@@ -186,18 +241,17 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
         return GDRKV_E_UNAVAILABLE;
     }
     int rc = ep->token ? client_auth(fd, ep->token, ep->name, deadline_ns) : 0;
+    if (rc == 0)
+        rc = hello(fd, deadline_ns, &a);
     if (rc) {
         close(fd);
         return rc;
     }
-    int pool_fd = hello(fd, deadline_ns, &size);
-    if (pool_fd < 0) {
-        close(fd);
-        return pool_fd;
-    }
-    *pool = pool_of(ep, pool_fd, size);
-    close(pool_fd);     /* the mapping keeps the memory */
+    *pool = pool_of(ep, a.fds[0], a.size, (a.flags & GK_HELLO_WRITABLE) != 0);
+    map_staging(ep, a.nfds > 1 ? a.fds[1] : -1, staging);
+    hello_drop(&a);     /* the mappings keep the memory */
     if (!*pool) {
+        client_staging_unmap(staging);
         close(fd);
         return GDRKV_E_UNAVAILABLE;
     }
@@ -236,4 +290,61 @@ int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t
     struct shm_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
     return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
                               &plan);
+}
+
+/* One PUT piece, from the caller's segment to dst (in staging or the
+ * pool): host sources become CPU copies, GPU ones go to the launch. */
+static int add_put_copy(const struct client_batch *b, uint64_t seg, uint64_t seg_off,
+                        uint8_t *dst, uint64_t len, struct client_copy_list *out,
+                        struct gpu_list *gpu)
+{
+    int dev = gpu_seg_device(b->gpu, seg);
+    if (dev >= 0)
+        return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->gpu->orig[seg] + seg_off,
+                            len);
+    return client_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
+                           (size_t)len);
+}
+
+int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
+                           uint32_t first, uint32_t count, struct client_copy_list *out,
+                           struct gpu_list *gpu)
+{
+    uint8_t *dst = st->base;
+    for (uint32_t p = first; p < first + count; p++) {
+        uint64_t seg = b->first_seg[p];
+        for (uint32_t k = 0; k < b->seg_counts[b->index[p]]; k++, seg++) {
+            if (b->seg_lens[seg] &&
+                add_put_copy(b, seg, 0, dst, b->seg_lens[seg], out, gpu))
+                return GDRKV_E_INTERNAL;
+            dst += b->seg_lens[seg];
+        }
+    }
+    return 0;
+}
+
+struct reserve_plan {
+    const struct client_batch *b;
+    const struct client_pool *pool;
+    struct client_copy_list *out;
+    struct gpu_list *gpu;
+};
+
+static int add_reserved_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off,
+                             uint64_t pool_off, uint64_t len)
+{
+    struct reserve_plan *plan = arg;
+    (void)p;
+    return add_put_copy(plan->b, seg, seg_off, (uint8_t *)plan->pool->base + pool_off, len,
+                        plan->out, plan->gpu);
+}
+
+int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
+                             const struct client_batch *b, uint32_t first, uint32_t count,
+                             const uint8_t *listed, struct client_copy_list *out,
+                             struct gpu_list *gpu)
+{
+    struct reserve_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
+    return client_chunks_walk(lists, len, pool->size, b, first, count, listed, b->sizes,
+                              add_reserved_copy, &plan);
 }

@@ -2,7 +2,9 @@
  * client_shm.h - the client's side of the shm transport: connecting to a
  * server's unix socket, the HELLO that brings the pool's memfd, the
  * read-only mapping of the pool that every connection to that server
- * shares, and a LEASE answer's chunk lists turned into copies.
+ * shares, the connection's staging memfd for PUT values, and the copies
+ * of a frame: a LEASE's out of the pool, a PUT's into staging (or, on a
+ * single-tenant server, into its reservations in the pool).
  */
 #ifndef GDRKV_CLIENT_SHM_H
 #define GDRKV_CLIENT_SHM_H
@@ -18,11 +20,13 @@ struct gpu_list;
 
 
 /* Connects to the endpoint's unix socket and maps its pool (shared with
- * the endpoint's other connections): returns the connected, non-blocking
- * fd with *pool referenced, or a negative gdrkv_error. */
+ * the endpoint's other connections) and the connection's staging memfd
+ * (staging->base NULL when the server gave none): returns the connected,
+ * non-blocking fd with *pool referenced, or a negative gdrkv_error. */
 int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
-                       struct client_pool **pool);
+                       struct client_pool **pool, struct client_staging *staging);
 void client_pool_put(struct client_pool *p);
+void client_staging_unmap(struct client_staging *st);
 
 /* Appends the copies a LEASE answer describes for keys [first, first +
  * count) of b: lists/len are the chunk lists after the results, and keys
@@ -33,5 +37,20 @@ void client_pool_put(struct client_pool *p);
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
                     struct client_copy_list *out, struct gpu_list *gpu);
+
+/* A PUT_STAGED frame's copies: the values of keys [first, first + count)
+ * of b into staging from offset 0, in order, as a PUT payload lays them
+ * out (the frame's payload fits: the caller checked). GPU sources go to
+ * gpu. 0, or GDRKV_E_INTERNAL (out of memory). */
+int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
+                           uint32_t first, uint32_t count, struct client_copy_list *out,
+                           struct gpu_list *gpu);
+/* Single-tenant: a RESERVE answer's copies, the values of the keys with
+ * listed[k] set into their reserved chunks of the writable pool, checked
+ * as client_shm_plan checks. */
+int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
+                             const struct client_batch *b, uint32_t first, uint32_t count,
+                             const uint8_t *listed, struct client_copy_list *out,
+                             struct gpu_list *gpu);
 
 #endif

@@ -8,6 +8,7 @@
  *   struct client_counters   the client's counters (CLIENT_COUNTERS)
  *   struct client_endpoint   how to reach one server (address, unix socket, rdma, pool)
  *   struct client_pool       a server's pool, mapped (shm)
+ *   struct client_staging    a connection's staging memfd, mapped (shm PUT)
  *   struct client_keys       a keyed call's arguments, as the public API takes them
  *   struct client_batch      one call taken apart: its keys grouped by server
  *   struct client_frame      one request and its response
@@ -56,6 +57,7 @@ struct gpu_call;
     OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
     OWN(shm_connects)               /* of connects, over a unix socket with the pool mapped */  \
     OWN(shm_bytes_copied)           /* GET bytes copied out of a mapped pool */                 \
+    OWN(shm_bytes_staged)           /* PUT bytes copied into staging or the pool */             \
     OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     FROM(rdma_read_frames, gk_counter_get(&c->rdma->read_frames))                               \
@@ -129,8 +131,18 @@ struct client_pool {
     dev_t dev;
     ino_t ino;
     uint32_t refs;          /* atomic: the server's current pool holds one */
+    int writable;           /* single-tenant server: PUTs copy into the pool */
     int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
     uint64_t gpu_dptr;      /* where the GPU reads base (client_gpu.c) */
+};
+
+/* A connection's staging memfd (HELLO's second fd), mapped writable: its
+ * PUT values go there, and the server copies them into the pool. */
+struct client_staging {
+    uint8_t *base;          /* NULL: the server gave none */
+    uint64_t len;
+    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
+    uint64_t gpu_dptr;      /* where the GPU writes base (client_gpu.c) */
 };
 
 /* ------------------------------------------------------------ a call */
@@ -189,6 +201,7 @@ struct client_batch {
     uint64_t bytes_sent;
     uint64_t bytes_received;
     uint64_t shm_bytes_copied;
+    uint64_t shm_bytes_staged;
     uint64_t shm_leases_expired;
 };
 

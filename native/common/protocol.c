@@ -40,14 +40,14 @@ int gk_op_is_keyed(uint8_t opcode)
 {
     return opcode == GK_OP_EXISTS || opcode == GK_OP_GET || opcode == GK_OP_PUT ||
            opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR || opcode == GK_OP_LEASE ||
-           opcode == GK_OP_RESERVE;
+           opcode == GK_OP_RESERVE || opcode == GK_OP_PUT_STAGED;
 }
 
 /* Whether opcode reads or writes the pool in place: shm or rdma only. */
 static int op_is_in_place(uint8_t opcode)
 {
     return opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE || opcode == GK_OP_RESERVE ||
-           opcode == GK_OP_COMMIT;
+           opcode == GK_OP_COMMIT || opcode == GK_OP_PUT_STAGED;
 }
 
 int gk_op_is_transport(uint8_t opcode)
@@ -73,6 +73,7 @@ const char *gk_op_name(uint8_t opcode)
     case GK_OP_RESERVE: return "reserve";
     case GK_OP_COMMIT: return "commit";
     case GK_OP_AUTH: return "auth";
+    case GK_OP_PUT_STAGED: return "put_staged";
     default: return "unknown";
     }
 }

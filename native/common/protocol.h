@@ -28,7 +28,15 @@
  *   shm transport (unix-domain connections only; docs/transports.md):
  *   HELLO:   empty request; one result, size = pool bytes, and the pool's
  *            memfd (read-only, sealed) attached to the response with
- *            SCM_RIGHTS.
+ *            SCM_RIGHTS, then the connection's staging memfd (sealed
+ *            against shrinking and growing) when the server gives one.
+ *            Response flag GK_HELLO_WRITABLE: single-tenant mode, the pool
+ *            memfd is writable and PUTs are RESERVE, copy, COMMIT.
+ *   PUT_STAGED: a PUT whose values the client copied into the
+ *            connection's staging memfd, from offset 0 in entry order, as
+ *            a PUT payload would be: entry sizes are the value sizes and
+ *            their sum at most the staging size; no payload. The server
+ *            copies them into the pool; the answer is PUT's.
  *   LEASE:   a GET that answers with pool offsets instead of bytes: the
  *            results, then for each result with status 0, in entry order,
  *            u32 nchunks | u32 reserved | nchunks x (u64 off | u64 len).
@@ -43,6 +51,8 @@
  *            body is the server's endpoint and the pool's registered
  *            regions. Once answered, GETs are LEASEs (the client READs the
  *            chunks, then RELEASE) and PUTs are RESERVE + COMMIT.
+ *   (RESERVE and COMMIT also serve local connections in single-tenant mode,
+ *   the client copying into the writable pool instead of WRITEs.)
  *   RESERVE: a PUT without payload: entry sizes are the value sizes; per
  *            key status 0 (reserved: its chunk list follows the results,
  *            as in LEASE), 1 (already stored: nothing to write) or an
@@ -89,6 +99,7 @@
 #define GK_RESERVE_PRESENT 1             /* RESERVE key status: already stored */
 #define GK_AUTH_NONCE_SIZE 32
 #define GK_AUTH_PROOF_SIZE 32
+#define GK_HELLO_WRITABLE 1             /* HELLO response flag: single-tenant pool */
 
 enum gk_opcode {
     GK_OP_PING = 1,
@@ -105,7 +116,8 @@ enum gk_opcode {
     GK_OP_RESERVE = 12,
     GK_OP_COMMIT = 13,
     GK_OP_AUTH = 14,
-    GK_OP_MAX = 14,
+    GK_OP_PUT_STAGED = 15,
+    GK_OP_MAX = 15,
     GK_OP_RESPONSE = 0x80
 };
 

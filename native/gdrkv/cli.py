@@ -54,6 +54,14 @@ def main(argv=None):
     serve.add_argument("--lease-timeout-ms", type=int, default=5000,
                        help="longest an shm or rdma client may hold the objects it reads "
                             "or the room it writes into (default 5000)")
+    serve.add_argument("--shm-staging", default="64MiB", metavar="SIZE",
+                       help="staging memfd of each local connection: shm PUT values go there "
+                            "and the server copies them into the pool (default 64MiB; "
+                            "0 sends them on the socket)")
+    serve.add_argument("--single-tenant", action="store_true",
+                       help="local clients map the pool writable and copy PUT values straight "
+                            "into their reservations: faster writes, but any local client of "
+                            "this user can then overwrite any object")
     serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
                        help="serve rdma clients: auto when a device is there (default), on "
                             "to require one")
@@ -122,6 +130,7 @@ def _serve(args):
                 drain_timeout_ms=args.drain_timeout_ms,
                 unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
+                shm_staging=args.shm_staging, single_tenant=args.single_tenant,
                 auth_token_file=args.auth_token_file,
                 insecure_no_auth=args.insecure_no_auth,
                 metrics_listen=args.metrics_listen) as server:

@@ -32,7 +32,12 @@ class Server:
     unix socket at unix_path: None picks the default for the port
     ($GDRKV_RUNTIME_DIR/<port>.sock, else /tmp/gdrkv-<uid>/<port>.sock), ""
     turns shm off. An shm reader's lease on the objects it copies lasts at
-    most lease_timeout_ms.
+    most lease_timeout_ms. An shm writer copies its values into a staging
+    memfd of shm_staging bytes per connection (larger frames, and all with
+    0, go on the socket), which the server copies into the pool.
+    single_tenant=True lets local clients map the pool writable and copy
+    straight into their reservations instead: one copy fewer, for a server
+    whose local clients all trust each other (docs/transports.md).
 
     rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
     or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.
@@ -54,7 +59,7 @@ class Server:
                  lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
                  insecure_no_auth=False, max_connections_per_peer=512,
                  idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None,
-                 drain_timeout_ms=5000):
+                 drain_timeout_ms=5000, shm_staging="64MiB", single_tenant=False):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -74,6 +79,8 @@ class Server:
         set_int_field(opts, "max_buffered_bytes", parse_size(max_buffered), "max_buffered",
                       minimum=8 << 20)
         set_int_field(opts, "lease_timeout_ms", lease_timeout_ms, "lease_timeout_ms", minimum=1)
+        set_int_field(opts, "shm_staging_bytes", parse_size(shm_staging), "shm_staging")
+        opts.single_tenant = bool(single_tenant)
         if unix_path is not None:
             unix_path_c = ffi.new("char[]", unix_path.encode())
             opts.unix_path = unix_path_c

@@ -170,7 +170,7 @@ void gpu_host_free(void *p)
         dev_leave(cu);
 }
 
-int gpu_register_readonly(const void *base, size_t len, CUdeviceptr *dptr)
+int gpu_register_shared(const void *base, size_t len, int readonly, CUdeviceptr *dptr)
 {
     const struct gk_cuda *cu = gk_cuda();
     int pushed;
@@ -179,7 +179,7 @@ int gpu_register_readonly(const void *base, size_t len, CUdeviceptr *dptr)
     CUresult rc = cu->cuMemHostRegister((void *)base, len,
                                         GK_CU_MEMHOSTREGISTER_PORTABLE |
                                         GK_CU_MEMHOSTREGISTER_DEVICEMAP |
-                                        GK_CU_MEMHOSTREGISTER_READ_ONLY);
+                                        (readonly ? GK_CU_MEMHOSTREGISTER_READ_ONLY : 0));
     if (rc == GK_CUDA_SUCCESS) {
         rc = cu->cuMemHostGetDevicePointer(dptr, (void *)base, 0);
         if (rc != GK_CUDA_SUCCESS)
@@ -188,8 +188,8 @@ int gpu_register_readonly(const void *base, size_t len, CUdeviceptr *dptr)
     if (pushed)
         dev_leave(cu);
     if (rc != GK_CUDA_SUCCESS) {
-        GK_WARN("cannot register the shm pool (%zu bytes) with CUDA: %s; GPU copies from it "
-                "go through cuMemcpy instead", len, gk_cuda_strerror(rc));
+        GK_WARN("cannot register %zu bytes of shared memory (shm pool or staging) with CUDA: "
+                "%s; GPU copies with it go through cuMemcpy instead", len, gk_cuda_strerror(rc));
         return GDRKV_E_INTERNAL;
     }
     return 0;

@@ -99,10 +99,10 @@ void gpu_slot_free(struct gpu_slot *s);
 void *gpu_host_alloc(size_t bytes);
 void gpu_host_free(void *p);
 
-/* Registers [base, base + len) (a read-only mapping) as mapped pinned
- * memory of every context; *dptr is where the GPU reaches base. 0 or a
- * negative gdrkv_error. */
-int gpu_register_readonly(const void *base, size_t len, CUdeviceptr *dptr);
+/* Registers [base, base + len) (a shared mapping; readonly when the
+ * mapping is) as mapped pinned memory of every context; *dptr is where
+ * the GPU reaches base. 0 or a negative gdrkv_error. */
+int gpu_register_shared(const void *base, size_t len, int readonly, CUdeviceptr *dptr);
 void gpu_unregister(const void *base);
 
 /* Whether CUDA can be used here (1) or not (0, with why). */

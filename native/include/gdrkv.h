@@ -74,6 +74,13 @@ typedef struct gdrkv_server_opts {
                                    long (no new connections meanwhile) */
     const char *metrics_listen; /* "host:port" of an HTTP endpoint serving GET
                                    /metrics (Prometheus text); NULL = none */
+    uint64_t shm_staging_bytes; /* each local connection's staging memfd, where
+                                   its PUT values go (docs/transports.md); larger
+                                   frames, and all with 0, go on the socket */
+    int single_tenant;          /* local clients map the pool writable and copy
+                                   PUT values straight into their reservations:
+                                   only for a server whose clients all trust
+                                   each other */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);

@@ -47,6 +47,7 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         .unix_path = NULL,
         .lease_timeout_ms = 5000,
         .rdma = -1,
+        .shm_staging_bytes = 64ull << 20,
     };
 }
 
@@ -79,6 +80,10 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "lease_timeout_ms must be > 0";
     else if (o->rdma < -1 || o->rdma > 1)
         bad = "rdma must be -1, 0 or 1";
+    else if (o->shm_staging_bytes > GK_MAX_OBJECT * 4ull)
+        bad = "shm_staging_bytes must be at most 4GiB";
+    else if (o->single_tenant < 0 || o->single_tenant > 1)
+        bad = "single_tenant must be 0 or 1";
     else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         bad = "unix_path is too long for a unix socket";
     if (bad)
@@ -228,6 +233,8 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
     }
     s->stall_timeout_ms = opts->stall_timeout_ms;
     s->lease_timeout_ms = opts->lease_timeout_ms;
+    s->shm_staging_bytes = opts->shm_staging_bytes;
+    s->single_tenant = opts->single_tenant;
     s->max_connections = opts->max_connections;
     s->idle_timeout_ms = opts->idle_timeout_ms;
     s->drain_timeout_ms = opts->drain_timeout_ms;
@@ -246,6 +253,7 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         .pretouch = opts->pretouch,
         .high_watermark = opts->high_watermark,
         .low_watermark = opts->low_watermark,
+        .writable_share = opts->single_tenant,
     };
     rc = store_open(&s->store, &so, err, errlen);
     if (rc) {

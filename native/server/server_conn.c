@@ -53,7 +53,8 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     c->worker = w;
     c->local = local;
     c->peer = *peer;
-    c->pass_fd = -1;
+    c->pass_fds[0] = c->pass_fds[1] = -1;
+    c->staging.fd = -1;
     c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
     c->events = EPOLLIN;
     c->last_progress_ns = c->opened_ns = gk_now_ns();
@@ -76,6 +77,7 @@ void server_conn_close(struct server_conn *c)
     /* QPs first: nothing may reach the pool once pins and reservations go. */
     server_rdma_conn_destroy(c);
     server_ops_release(c);
+    server_staging_close(&c->staging);
     close(c->fd);
     if (c->prev)
         c->prev->next = c->next;
@@ -409,16 +411,17 @@ static enum step read_payload(struct server_conn *c)
     return STEP_MORE;
 }
 
-/* SCM_RIGHTS: the peer receives its own descriptor of the same file. */
-static void attach_fd(struct msghdr *msg, char *buf, size_t len, int fd)
+/* SCM_RIGHTS: the peer receives its own descriptors of the same files. */
+static void attach_fds(struct msghdr *msg, char *buf, const int fds[2])
 {
+    int n = fds[1] >= 0 ? 2 : 1;
     msg->msg_control = buf;
-    msg->msg_controllen = len;
+    msg->msg_controllen = CMSG_SPACE(n * sizeof(int));
     struct cmsghdr *cm = CMSG_FIRSTHDR(msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
 }
 
 static enum step write_response(struct server_conn *c)
@@ -434,14 +437,22 @@ static enum step write_response(struct server_conn *c)
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
         union {
             struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(2 * sizeof(int))];
         } control;
-        if (c->pass_fd >= 0)
-            attach_fd(&msg, control.buf, sizeof control.buf, c->pass_fd);
+        if (c->pass_fds[0] >= 0)
+            attach_fds(&msg, control.buf, c->pass_fds);
         ssize_t n = moved(c, sendmsg(c->fd, &msg, MSG_NOSIGNAL));
         if (n <= 0)
             return step_of(n);
-        c->pass_fd = -1;    /* it went with the first byte */
+        if (c->pass_fds[0] >= 0) {
+            /* They went with the first byte; our staging fd is not needed
+             * past that (the mapping keeps the memory). */
+            c->pass_fds[0] = c->pass_fds[1] = -1;
+            if (c->staging.fd >= 0) {
+                close(c->staging.fd);
+                c->staging.fd = -1;
+            }
+        }
         size_t head = GK_MIN((size_t)n, head_left);
         c->out_sent += head;
         server_payload_advance(&c->payload, (uint64_t)n - head);

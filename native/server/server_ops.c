@@ -4,6 +4,7 @@
  */
 #include "server_ops.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -86,15 +87,26 @@ static int op_get(struct server_conn *c)
 /* ------------------------------------------------------------ shm */
 
 /* Tells a local client which memfd holds the pool (its size as the one
- * result); the fd goes with the response. */
+ * result), and gives the connection its staging memfd; both fds go with
+ * the response. Without staging (none configured, or no memfd to be had)
+ * the client's PUTs go on the socket. */
 static int op_hello(struct server_conn *c)
 {
+    struct gdrkv_server *srv = c->worker->server;
     struct store *s = store_of(c);
     int32_t status = 0;
     uint64_t size = store_capacity(s);
 
-    c->pass_fd = store_pool_fd(s);
-    return server_reply_results(c, 1, &status, &size, 0);
+    if (srv->shm_staging_bytes && !c->staging.base &&
+        server_staging_open(&c->staging, srv->shm_staging_bytes) != 0)
+        GK_WARN("fd %d: no staging memfd (%s): this client's PUTs go on the socket", c->fd,
+                strerror(errno));
+    c->pass_fds[0] = store_pool_fd(s);
+    c->pass_fds[1] = c->staging.fd;
+    int rc = server_reply_results(c, 1, &status, &size, 0);
+    if (rc == 0 && srv->single_tenant)
+        server_reply_flags(c, GK_HELLO_WRITABLE);
+    return rc;
 }
 
 /* Bytes the chunk list of a leased object takes in the response. */
@@ -203,6 +215,45 @@ int server_ops_finish_put(struct server_conn *c)
     return server_reply_results(c, n, b->status, NULL, 0);
 }
 
+/* PUT_STAGED: the values are in the connection's staging memfd, laid out
+ * as a PUT payload; each reserved object's bytes are copied from there
+ * into its chunks, then committed. Values of keys already stored or
+ * refused are skipped, as a PUT's payload would be. */
+static int op_put_staged(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint32_t n = c->req.count;
+    uint64_t total = 0, copied = 0;
+
+    for (uint32_t i = 0; i < n; i++)
+        total += b->entries[i].size;
+    if (!c->staging.base || total > c->staging.len) {
+        static const char none[] = "this connection has no staging memfd (HELLO first)";
+        static const char big[] = "the values exceed the connection's staging memfd";
+        return c->staging.base ? server_reply_error(c, GDRKV_E_TOO_LARGE, big, sizeof big - 1)
+                               : server_reply_error(c, GDRKV_E_INVALID, none, sizeof none - 1);
+    }
+    store_reserve_batch(s, &c->ns, b->entries, n, b->objs, b->status);
+    c->holds = CONN_HOLDS_RESERVATIONS;
+    uint8_t *base = store_base(s);
+    const uint8_t *from = c->staging.base;
+    for (uint32_t i = 0; i < n; from += b->entries[i].size, i++) {
+        uint32_t nchunks;
+        if (!b->objs[i])
+            continue;
+        const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
+        uint64_t off = 0;
+        for (uint32_t k = 0; k < nchunks; off += ch[k].len, k++)
+            memcpy(base + ch[k].off, from + off, ch[k].len);
+        copied += off;
+    }
+    struct server_counters *k = &c->worker->counters;
+    gk_counter_add(&k->shm_staged_puts, 1);
+    gk_counter_add(&k->shm_staged_bytes, copied);
+    return server_ops_finish_put(c);
+}
+
 /* ------------------------------------------------------------ rdma put */
 
 /* A PUT whose values the client will RDMA-WRITE into the reserved chunks
@@ -222,8 +273,10 @@ static int op_reserve(struct server_conn *c)
     }
     int rc = respond_chunk_lists(c);
     c->lease_bytes = bytes;
-    if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS)
-        gk_counter_add(&c->worker->counters.rdma_reserved_bytes, bytes);
+    if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS) {
+        struct server_counters *k = &c->worker->counters;
+        gk_counter_add(c->rdma ? &k->rdma_reserved_bytes : &k->shm_reserved_bytes, bytes);
+    }
     return rc;
 }
 
@@ -256,7 +309,7 @@ static int op_commit(struct server_conn *c)
     }
     store_commit_batch(s, b->objs, n);
     c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_rdma = 0;
+    c->reserved_for_commit = 0;
     for (uint32_t i = 0; i < n; i++)
         if (b->status[i] == STORE_PRESENT)
             b->status[i] = 0;
@@ -389,6 +442,7 @@ int server_ops_execute(struct server_conn *c)
     case GK_OP_RESERVE: return op_reserve(c);
     case GK_OP_COMMIT: return op_commit(c);
     case GK_OP_AUTH: return op_auth(c);
+    case GK_OP_PUT_STAGED: return op_put_staged(c);
     }
     return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
 }
@@ -410,7 +464,7 @@ void server_ops_frame_done(struct server_conn *c)
     if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
         c->lease_count = c->req.count;
         c->lease_deadline_ns = deadline;
-        c->reserved_for_rdma = 1;
+        c->reserved_for_commit = 1;
         return;
     }
     server_ops_release(c);
@@ -424,7 +478,7 @@ void server_ops_release(struct server_conn *c)
         store_unpin_batch(store_of(c), b->objs, c->req.count);
     else if (c->holds == CONN_HOLDS_LEASE)
         store_unpin_batch(store_of(c), b->objs, c->lease_count);
-    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma) {
+    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit) {
         /* The client may still be writing into them: stop its QPs first.
          * Without them the connection is no rdma one any more: it ends
          * after its next answer. */
@@ -435,7 +489,7 @@ void server_ops_release(struct server_conn *c)
         store_abort_batch(store_of(c), b->objs, c->req.count);
     }
     c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_rdma = 0;
+    c->reserved_for_commit = 0;
 }
 
 /* ------------------------------------------------------------ holds */
@@ -445,7 +499,7 @@ int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
     const struct gk_hdr *h = &c->req;
     int ends_lease = h->opcode == GK_OP_RELEASE && c->holds == CONN_HOLDS_LEASE;
     int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
-                  c->reserved_for_rdma;
+                  c->reserved_for_commit;
 
     if (commits && h->count != c->lease_count) {
         snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->lease_count);
@@ -463,21 +517,29 @@ int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
     return 0;
 }
 
+/* A local connection of a single-tenant server: it maps the pool writable. */
+static int single_tenant_local(const struct server_conn *c)
+{
+    return c->local && c->worker->server->single_tenant;
+}
+
 int server_ops_allowed(const struct server_conn *c, uint8_t op)
 {
     switch (op) {
     case GK_OP_HELLO: return c->local;
     case GK_OP_LEASE:
     case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
-    case GK_OP_RESERVE: return server_rdma_conn_active(c);
-    case GK_OP_COMMIT: return c->rdma != NULL;   /* killed QPs: COMMIT learns it */
+    case GK_OP_PUT_STAGED: return c->local;
+    /* RESERVE and COMMIT: rdma WRITEs, or copies into a writable pool. */
+    case GK_OP_RESERVE: return server_rdma_conn_active(c) || single_tenant_local(c);
+    case GK_OP_COMMIT: return c->rdma != NULL || single_tenant_local(c); /* killed QPs: COMMIT learns it */
     default: return 1;
     }
 }
 
 void server_ops_expire(struct server_conn *c, uint64_t now_ns)
 {
-    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_rdma;
+    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit;
     if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
         return;
     GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",

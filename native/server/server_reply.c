@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "common/common.h"
 #include "common/grow.h"
 #include "server_state.h"
 
@@ -58,6 +59,11 @@ int server_reply_results(struct server_conn *c, uint32_t n, const int32_t *statu
     for (uint32_t i = 0; i < n; i++)
         gk_result_encode(body + (size_t)i * GK_RESULT_SIZE, status[i], sizes ? sizes[i] : 0);
     return 0;
+}
+
+void server_reply_flags(struct server_conn *c, uint16_t flags)
+{
+    gk_store16(c->out + 6, flags);
 }
 
 int server_reply_text(struct server_conn *c, const char *text, size_t len)

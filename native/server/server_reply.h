@@ -25,6 +25,8 @@ int server_reply_error(struct server_conn *c, int32_t code, const char *msg, siz
 /* One result per key (status, size); sizes may be NULL when every size is 0. */
 int server_reply_results(struct server_conn *c, uint32_t n, const int32_t *status,
                          const uint64_t *sizes, uint64_t payload_len);
+/* Sets the header flags of the answer just started (HELLO's). */
+void server_reply_flags(struct server_conn *c, uint16_t flags);
 /* len bytes of text (STATS). */
 int server_reply_text(struct server_conn *c, const char *text, size_t len);
 

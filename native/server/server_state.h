@@ -29,6 +29,7 @@
 #include "common/stats.h"
 #include "server_payload.h"
 #include "server_peers.h"
+#include "server_staging.h"
 
 struct server_metrics;
 struct server_rdma;
@@ -69,6 +70,9 @@ struct store;
     X(shm_leases, shm_leases, "LEASE frames answered with offsets")                             \
     X(shm_lease_bytes, shm_leased_bytes, "object bytes handed out under leases")                \
     X(shm_leases_expired, leases_expired, "leases (and RESERVEs) dropped by the timeout")       \
+    X(shm_staged_puts, shm_staged_puts, "PUT_STAGED frames: values copied from staging")        \
+    X(shm_staged_bytes, shm_staged_bytes, "value bytes they copied into the pool")              \
+    X(shm_reserved_bytes, shm_reserved_bytes, "single-tenant: bytes RESERVE handed out")        \
     X(rdma_leases, rdma_leases, "LEASE frames of rdma connections")                             \
     X(rdma_lease_bytes, rdma_leased_bytes, "object bytes they handed out for READs")            \
     X(rdma_reserved_bytes, rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")          \
@@ -86,9 +90,21 @@ struct server_counters {
     struct gk_latency latency[GK_OP_MAX + 1];
 };
 
+/* A connection accepted by one worker for another (server_worker.c). */
+struct server_handoff {
+    int fd;
+    int local;
+    struct server_peer peer;
+};
+
 struct server_worker {
     struct gdrkv_server *server;
     int epoll_fd;
+    int handoff_fd;                 /* eventfd: connections handed over are queued */
+    pthread_mutex_t handoff_lock;   /* guards the queue and handoff_closed */
+    struct server_handoff *handoffs;
+    uint32_t nhandoffs, handoff_cap;
+    int handoff_closed;             /* the loop ended: hand nothing more over */
     int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
     int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
@@ -104,6 +120,8 @@ struct gdrkv_server {
     int unix_fd;                    /* shm listener, or -1 */
     char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
     uint32_t lease_timeout_ms;
+    uint64_t shm_staging_bytes;     /* each local connection's staging memfd; 0: none */
+    int single_tenant;              /* local clients map the pool writable */
     struct gk_token token;          /* clients must prove they hold it; len 0: none */
     struct server_metrics *metrics; /* the /metrics endpoint, or NULL */
     char metrics_address[300];      /* where it listens; "" when off */
@@ -121,6 +139,7 @@ struct gdrkv_server {
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
+    uint32_t next_worker;           /* round robin of accepted connections (atomic) */
     int nthreads;                   /* worker threads actually running */
     int housekeeper_running;
     pthread_t housekeeper;
@@ -141,8 +160,12 @@ struct gdrkv_server {
  * connection's lease, until RELEASE, the next frame, the lease timeout or
  * the connection's end.
  *
+ * HELLO also gives it a staging memfd (server_staging.h) for PUT_STAGED.
+ *
  * Any connection may become an rdma one (server_rdma.h): RDMA_HELLO gives
- * it QPs, and a RESERVE's reservations outlive the frame until COMMIT.
+ * it QPs, and a RESERVE's reservations outlive the frame until COMMIT. In
+ * single-tenant mode a local connection RESERVEs and COMMITs too, copying
+ * into the pool it maps writable.
  */
 
 enum server_conn_state {
@@ -215,13 +238,14 @@ struct server_conn {
 
     uint8_t *out;                   /* response header + body */
     size_t out_cap, out_len, out_sent;
-    int pass_fd;                    /* sent with the response's first byte, or -1 */
+    int pass_fds[2];                /* sent with the response's first byte, or -1 */
+    struct server_staging staging;  /* local: PUT_STAGED values, after HELLO */
 
     uint32_t lease_count;           /* keys of the lease or RESERVE (batch.objs) */
     uint64_t lease_bytes;           /* their bytes: a big transfer gets longer */
     uint64_t lease_deadline_ns;
     int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
-    int reserved_for_rdma;          /* the reservations are a RESERVE's, awaiting COMMIT */
+    int reserved_for_commit;        /* the reservations are a RESERVE's, awaiting COMMIT */
     enum server_conn_auth auth;
     uint8_t client_nonce[GK_AUTH_NONCE_SIZE];  /* of the handshake in progress */
     uint8_t server_nonce[GK_AUTH_NONCE_SIZE];

@@ -1,19 +1,26 @@
 /*
  * server_worker.c - a worker thread: its own epoll instance holding the
  * shared listening sockets, tcp and unix (EPOLLEXCLUSIVE, so one worker
- * wakes per new connection), the stop eventfd, and the connections it accepted. It wakes
+ * wakes per new connection), the stop eventfd, and its connections. The
+ * worker that accepts a connection hands it to the next worker in turn
+ * (memcached's dispatch): exclusive wakeups favour one waiting worker, and
+ * a client's several connections must land on several workers for a
+ * striped batch to run in parallel (the server's copies of shm PUTs). It wakes
  * at least every SERVER_TICK_MS to expire leases, close the connections that
  * are overdue (stalled, too slow, idle: server_conn.h) and retry the frames
  * that wait for buffer room.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/grow.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "server_conn.h"
@@ -26,7 +33,7 @@
 #define WORKER_ACCEPTS 32
 
 /* epoll data of the fds that are not connections */
-static char listen_token, unix_token, wake_token;
+static char listen_token, unix_token, wake_token, handoff_token;
 
 static int watch(struct server_worker *w, int fd, void *token)
 {
@@ -63,18 +70,29 @@ void server_worker_destroy(struct server_worker *w)
 {
     if (w->epoll_fd >= 0)
         close(w->epoll_fd);
+    if (w->handoff_fd >= 0) {
+        close(w->handoff_fd);
+        pthread_mutex_destroy(&w->handoff_lock);
+    }
+    free(w->handoffs);
     free(w->scratch);
 }
 
 int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
 {
     struct epoll_event wake = {.events = EPOLLIN, .data.ptr = &wake_token};
+    struct epoll_event handoff = {.events = EPOLLIN, .data.ptr = &handoff_token};
 
     w->server = s;
     w->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    w->handoff_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (w->handoff_fd >= 0)
+        pthread_mutex_init(&w->handoff_lock, NULL);
     w->scratch = malloc(SERVER_SCRATCH_SIZE);
-    if (w->epoll_fd < 0 || !w->scratch ||
-        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0 || watch_listeners(w) < 0) {
+    if (w->epoll_fd < 0 || w->handoff_fd < 0 || !w->scratch ||
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0 ||
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->handoff_fd, &handoff) < 0 ||
+        watch_listeners(w) < 0) {
         int saved = errno;
         server_worker_destroy(w);
         errno = saved;
@@ -109,7 +127,68 @@ static int take_slots(struct server_worker *w, int fd, int local, struct server_
     return 0;
 }
 
-/* local: connections on the unix socket, which may use shm. */
+/* Sets up an accepted connection on w, or closes it. */
+static void open_connection(struct server_worker *w, int fd, int local,
+                            const struct server_peer *peer)
+{
+    if (server_conn_open(w, fd, local, peer) < 0) {
+        server_conn_slot_give(w->server, local, peer);
+        close(fd);
+        GK_WARN("cannot set up a connection: %s", strerror(errno));
+        return;
+    }
+    gk_counter_add(&w->counters.connections_total, 1);
+    gk_counter_add(&w->counters.shm_connections_total, (uint64_t)local);
+}
+
+/* Queues the connection for worker `to`, or returns -1 (out of memory, or
+ * its loop has ended): the acceptor keeps it then. */
+static int hand_over(struct server_worker *to, int fd, int local, const struct server_peer *peer)
+{
+    int rc = -1;
+    pthread_mutex_lock(&to->handoff_lock);
+    if (!to->handoff_closed && (to->nhandoffs < to->handoff_cap ||
+                                gk_grow(&to->handoffs, &to->handoff_cap, to->nhandoffs + 1,
+                                        sizeof *to->handoffs, 16) == 0)) {
+        to->handoffs[to->nhandoffs++] = (struct server_handoff){fd, local, *peer};
+        rc = 0;
+    }
+    pthread_mutex_unlock(&to->handoff_lock);
+    if (rc == 0) {
+        uint64_t one = 1;
+        if (write(to->handoff_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+            GK_WARN("handoff eventfd: %s", strerror(errno));
+    }
+    return rc;
+}
+
+/* Opens the connections other workers handed over; with closing, refuses
+ * any later ones and closes those still queued (the loop has ended). */
+static void take_handoffs(struct server_worker *w, int closing)
+{
+    uint64_t count;
+    if (read(w->handoff_fd, &count, sizeof count) < 0 && errno != EAGAIN)
+        GK_WARN("handoff eventfd: %s", strerror(errno));
+    pthread_mutex_lock(&w->handoff_lock);
+    struct server_handoff *queue = w->handoffs;
+    uint32_t n = w->nhandoffs;
+    w->handoffs = NULL;
+    w->nhandoffs = w->handoff_cap = 0;
+    w->handoff_closed |= closing;
+    pthread_mutex_unlock(&w->handoff_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        if (closing) {
+            server_conn_slot_give(w->server, queue[i].local, &queue[i].peer);
+            close(queue[i].fd);
+        } else {
+            open_connection(w, queue[i].fd, queue[i].local, &queue[i].peer);
+        }
+    }
+    free(queue);
+}
+
+/* local: connections on the unix socket, which may use shm. Each goes to
+ * the next worker in turn. */
 static void accept_connections(struct server_worker *w, int listen_fd, int local)
 {
     struct gdrkv_server *s = w->server;
@@ -136,14 +215,10 @@ static void accept_connections(struct server_worker *w, int listen_fd, int local
         }
         if (!local)
             gk_set_nodelay(fd);
-        if (server_conn_open(w, fd, local, &peer) < 0) {
-            server_conn_slot_give(s, local, &peer);
-            close(fd);
-            GK_WARN("cannot set up a connection: %s", strerror(errno));
-            continue;
-        }
-        gk_counter_add(&w->counters.connections_total, 1);
-        gk_counter_add(&w->counters.shm_connections_total, (uint64_t)local);
+        uint32_t turn = __atomic_fetch_add(&s->next_worker, 1, __ATOMIC_RELAXED);
+        struct server_worker *to = &s->workers[turn % (uint32_t)s->nworkers];
+        if (to == w || hand_over(to, fd, local, &peer) < 0)
+            open_connection(w, fd, local, &peer);
     }
 }
 
@@ -248,6 +323,8 @@ void *server_worker_main(void *arg)
                 accept_connections(w, w->server->listen_fd, 0);
             else if (p == &unix_token)
                 accept_connections(w, w->server->unix_fd, 1);
+            else if (p == &handoff_token)
+                take_handoffs(w, 0);
             else
                 server_conn_on_event(p);
         }
@@ -261,6 +338,7 @@ void *server_worker_main(void *arg)
         if (drain_until && (!close_between_frames(w) || now >= drain_until))
             break;
     }
+    take_handoffs(w, 1);
     while (w->conns)
         server_conn_close(w->conns);
     return NULL;

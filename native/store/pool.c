@@ -99,24 +99,26 @@ static void pretouch(struct pool *p)
     }
 }
 
-/* Seals the memfd (see pool.h) and opens the read-only fd clients get. */
-static void make_shareable(struct pool *p)
+/* Seals the memfd (see pool.h) and opens the fd clients get. */
+static void make_shareable(struct pool *p, int writable)
 {
     char path[64];
+    int seals = F_SEAL_SHRINK | F_SEAL_GROW | (writable ? 0 : F_SEAL_FUTURE_WRITE);
 
-    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0) {
+    if (fcntl(p->fd, F_ADD_SEALS, seals) != 0) {
         GK_WARN("pool: cannot seal the memfd (%s); the shm transport is off", strerror(errno));
         return;
     }
     snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
-    p->share_fd = open(path, O_RDONLY | O_CLOEXEC);
+    p->share_fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (p->share_fd < 0)
-        GK_WARN("pool: cannot reopen the memfd read-only (%s); the shm transport is off",
-                strerror(errno));
+        GK_WARN("pool: cannot reopen the memfd (%s); the shm transport is off", strerror(errno));
+    else if (writable)
+        GK_WARN("pool: single-tenant mode: local clients map the pool writable");
 }
 
 int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
-              char *err, size_t errlen)
+              int writable_share, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     p->fd = p->share_fd = -1;
@@ -151,7 +153,7 @@ int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
         pretouch(p);
         GK_INFO("pool: pretouched in %llu ms", (unsigned long long)((gk_now_ns() - start) / 1000000));
     }
-    make_shareable(p);
+    make_shareable(p, writable_share);
     return 0;
 }
 

@@ -358,7 +358,8 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
     dlink_init(&s->ns_list);
     dlink_init(&s->lru);
     dlink_init(&s->zombies);
-    if (pool_open(&s->pool, capacity, opts->hugepages, opts->pretouch, err, errlen) != 0) {
+    if (pool_open(&s->pool, capacity, opts->hugepages, opts->pretouch, opts->writable_share, err,
+                  errlen) != 0) {
         pthread_mutex_destroy(&s->lock);
         free(s);
         return GDRKV_E_INTERNAL;

@@ -29,6 +29,7 @@ struct store_opts {
     int pretouch;           /* fault every page at open */
     double high_watermark;  /* store_maintain() evicts when pool use is above... */
     double low_watermark;   /* ...down to this */
+    int writable_share;     /* local clients may map the pool writable (pool.h) */
 };
 
 /* One contiguous piece of an object inside the pool. */
@@ -72,7 +73,8 @@ uint64_t store_capacity(struct store *s);
 /* The slab page: no chunk crosses a multiple of it, so the pool may be cut
  * there (rdma registers it in pieces of whole pages). */
 uint64_t store_page_size(void);
-/* The pool's memfd, read-only and sealed (pool.h), for local clients to map;
+/* The pool's memfd, read-only (writable under writable_share) and sealed
+ * (pool.h), for local clients to map;
  * -1 when the pool can't be shared. */
 int store_pool_fd(struct store *s);
 

@@ -47,12 +47,18 @@ def add_arguments(parser):
                         help="gdrkv over every transport, Mooncake, Redis and the engines' "
                              "own storage on one workload, with the ceilings (it starts "
                              "every server: no --url, --conns or --transport)")
+    parser.add_argument("--single-tenant", action="store_true",
+                        help="start the server with --single-tenant: shm clients copy PUT "
+                             "values straight into the pool (docs/transports.md)")
     parser.add_argument("--png", metavar="PATH",
                         help="with --compare: plot throughput against object size here")
     gpu.add_arguments(parser)
 
 
 def run(args):
+    if args.single_tenant and args.url:
+        print("gdrkv bench: --single-tenant starts the server: no --url", file=sys.stderr)
+        return 2
     if args.gpu:
         return gpu.run(args)
     if args.compare:

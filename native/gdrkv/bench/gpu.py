@@ -30,6 +30,7 @@ from ..table import format_table
 from . import harness
 
 GPU_SIZES = "4KiB,16KiB,64KiB,256KiB,1MiB"
+SINGLE_TENANT = "-single-tenant"   # a transport measured against a --single-tenant server
 CEILING_BYTES = 256 << 20      # moved per ceiling measurement
 BATCH_BYTES = 16 << 20          # per gdrkv batch call
 STORE_BYTES = 128 << 20         # stored per size, read back batch by batch
@@ -43,8 +44,10 @@ def add_arguments(parser):
                         help="host<->GPU: per-page cudaMemcpyAsync, cuMemcpyBatchAsync and "
                              "one-kernel ceilings, gdrkv GET/PUT into scattered GPU pages, "
                              "and interference with a memory-bound kernel")
-    parser.add_argument("--gpu-transports", default="shm,tcp",
-                        help="with --gpu: transports to measure (default shm,tcp)")
+    parser.add_argument("--gpu-transports", default="shm,shm-single-tenant,tcp",
+                        help="with --gpu: transports to measure; shm-single-tenant is shm "
+                             "to a second server started with --single-tenant (default "
+                             "shm,shm-single-tenant,tcp)")
 
 
 def run(args):
@@ -64,8 +67,14 @@ def run(args):
     print(f"# {report['gpu']} ({why})", flush=True)
     report["ceilings"] = [_ceilings(torch, size) for size in sizes]
     print(_ceiling_table(report["ceilings"]), flush=True)
-    with harness.server(_ServerArgs(args)) as url:
+    with harness.server(_ServerArgs(args), pretouch=True) as url:
         for transport in transports:
+            if transport.endswith(SINGLE_TENANT):
+                # A server of its own: the flag is the whole server's.
+                with harness.server(_ServerArgs(args), ["--single-tenant"], pretouch=True) as url_1t:
+                    for size in sizes:
+                        report["gdrkv"] += _gdrkv(torch, url_1t, transport, size)
+                continue
             for size in sizes:
                 report["gdrkv"] += _gdrkv(torch, url, transport, size)
         print(_gdrkv_table(report["gdrkv"], report["ceilings"]), flush=True)
@@ -172,12 +181,18 @@ def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto"))
     rows = []
     for mode in modes:
         ns = f"bench-gpu-{os.getpid()}-{transport}-{size}-{mode}"
-        with Client(url, transport=transport, namespace=ns, gpu_copy=mode) as client:
+        with Client(url, transport=transport.removesuffix(SINGLE_TENANT), namespace=ns,
+                    gpu_copy=mode) as client:
             client.register(dev)
             batches = [_Batch([f"{i}" for i in range(b * per_batch, (b + 1) * per_batch)],
                               ptrs[b * per_batch:(b + 1) * per_batch], size)
                        for b in range(nbatches)]
-            # PUT: each round stores fresh keys, so it is timed once over all batches.
+            # PUT: each round stores fresh keys, so it is timed once over all
+            # batches, after a warm-up batch (first touches, registrations: a
+            # long-lived engine client pays them once) that is deleted again.
+            warm_keys = [f"warm-{i}" for i in range(per_batch)]
+            _Batch(warm_keys, ptrs[:per_batch], size).call(client, lib.gdrkv_batch_put_stream, 0)
+            client.batch_delete(warm_keys)
             start = time.perf_counter()
             for batch in batches:
                 batch.call(client, lib.gdrkv_batch_put_stream, 0)

@@ -67,17 +67,20 @@ def against(result, ceilings):
 
 
 @contextlib.contextmanager
-def server(args):
+def server(args, flags=(), pretouch=False):
     """The URL to measure: args.url, or a server started in its own process
-    (client and server must not share a GIL)."""
+    (client and server must not share a GIL), with these extra `gdrkv
+    serve` flags (and --single-tenant when args.single_tenant); its pool
+    faulted in at start with pretouch (else it starts faster)."""
     if args.url:
         yield args.url
         return
+    flags = list(flags) + (["--single-tenant"] if getattr(args, "single_tenant", False) else [])
     # Every size's put window, twice over, so the background eviction (at
     # 95% of the pool) never takes the objects being read.
     memory = 2 * sum(max(args.count * size, PUT_WINDOW) for size in args.sizes) + (256 << 20)
     command = [sys.executable, "-m", "gdrkv", "serve", "--listen", "127.0.0.1:0",
-               "--memory", str(memory), "--no-pretouch"]
+               "--memory", str(memory), *([] if pretouch else ["--no-pretouch"]), *flags]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)

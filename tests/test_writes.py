@@ -1,0 +1,259 @@
+"""Writes over shm (#15): a local client copies PUT values into its
+connection's staging memfd and the server copies them into the pool
+(PUT_STAGED); on a single-tenant server the client copies straight into its
+reservations (RESERVE, copy, COMMIT). These tests check that each path is
+really taken and byte-exact, that in the default mode a client can write
+nowhere but its own PUTs' objects, and that a writer that dies or gives up
+leaves nothing visible and nothing held.
+
+Run as a script (`test_writes.py URL NAMESPACE`) it is a writer that puts
+big batches until it is killed."""
+import mmap
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import gdrkv
+import wire
+from conftest import (batch_get_bytes, batch_put_bytes, check_read, content, stat, unique,
+                      wait_for)
+from gdrkv import errors
+
+SIZES = [1, 4096, 65536, (1 << 20) + 3, 3 << 20]
+
+
+def shm_client(make_client, server, **options):
+    return make_client(server.url, namespace=unique("w"), transport="shm", **options)
+
+
+def put_and_check(client, sizes, count=16):
+    keys = [unique(f"v{size}") for size in sizes for _ in range(count)]
+    values = [content(k, size) for k, size in zip(keys, [s for s in sizes for _ in range(count)])]
+    assert batch_put_bytes(client, keys, values) == [0] * len(keys)
+    results, got = batch_get_bytes(client, keys, [len(v) for v in values])
+    assert results == [len(v) for v in values]
+    assert got == values
+    return sum(len(v) for v in values)
+
+
+def multi_segment_put(client, key, parts):
+    """One object from several segments of one registered buffer."""
+    buf = bytearray(b"".join(parts))
+    ptr, _ = client.register(buf)
+    ptrs, off = [], 0
+    for part in parts:
+        ptrs.append(ptr + off)
+        off += len(part)
+    try:
+        return client.batch_put([key], [ptrs], [[len(p) for p in parts]])
+    finally:
+        client.unregister(buf)
+
+
+# ---------------------------------------------------------------- the default mode
+
+def test_shm_puts_go_through_staging_byte_exact(server_factory, make_client):
+    server = server_factory(memory="256MiB")
+    client = shm_client(make_client, server)
+    before = server.stats()
+    moved = put_and_check(client, SIZES)
+    parts = [os.urandom(n) for n in (10, 4096, 0, 70000)]
+    assert multi_segment_put(client, "multi", parts) == [0]
+    assert client.get("multi") == b"".join(parts)
+    after = server.stats()
+    # Every value went through staging: none crossed the socket.
+    assert stat(after, "shm_staged_bytes") - stat(before, "shm_staged_bytes") == \
+        moved + sum(map(len, parts))
+    assert stat(after, "bytes_in") == stat(before, "bytes_in")
+    assert client.stats()["client"]["shm_bytes_staged"] == moved + sum(map(len, parts))
+
+
+def test_values_larger_than_staging_go_on_the_socket(server_factory, make_client):
+    server = server_factory(memory="256MiB", args=["--shm-staging", "1MiB"])
+    client = shm_client(make_client, server)
+    small, big = put_and_check(client, [4096]), put_and_check(client, [3 << 20], count=4)
+    stats = server.stats()
+    assert stat(stats, "shm_staged_bytes") == small
+    assert stat(stats, "bytes_in") == big
+
+
+def test_no_staging_means_the_socket(server_factory, make_client):
+    server = server_factory(memory="128MiB", args=["--shm-staging", "0"])
+    client = shm_client(make_client, server)
+    moved = put_and_check(client, [4096, 65536])
+    stats = server.stats()
+    assert stat(stats, "shm_staged_puts") == 0 and stat(stats, "bytes_in") == moved
+
+
+def test_put_if_absent_over_staging_keeps_the_first_value(server_factory, make_client):
+    server = server_factory()
+    client = shm_client(make_client, server)
+    assert batch_put_bytes(client, ["same", "other"], [b"first" * 100, b"o" * 10]) == [0, 0]
+    assert batch_put_bytes(client, ["same", "new"], [b"later" * 100, b"n" * 20]) == [0, 0]
+    assert client.get("same") == b"first" * 100
+    assert client.get("new") == b"n" * 20
+
+
+# ---------------------------------------------------------------- what a writer can touch
+
+def test_staging_is_sealed_and_the_pool_stays_read_only(server_factory):
+    server = server_factory(args=["--shm-staging", "4MiB"])
+    with wire.connect_unix(server.unix_path) as conn:
+        hdr, results, fds = wire.hello_fds(conn)
+    pool_fd, staging_fd = fds
+    try:
+        assert hdr.status == 0 and hdr.flags == 0
+        assert os.fstat(staging_fd).st_size == 4 << 20
+        size = results[0][1]
+        with pytest.raises(PermissionError):
+            mmap.mmap(pool_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # The staging memfd is ours to write, but not to shrink or grow
+        # (the server copies from it: a shrink would fault it).
+        view = mmap.mmap(staging_fd, 4 << 20, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        view.close()
+        for length in (0, 8 << 20):
+            with pytest.raises(PermissionError):
+                os.ftruncate(staging_fd, length)
+    finally:
+        os.close(pool_fd)
+        os.close(staging_fd)
+
+
+def staged_put(conn, view, ns, entries):
+    """Writes the values into staging and sends PUT_STAGED: (header, results)."""
+    off = 0
+    for _, value in entries:
+        view[off:off + len(value)] = value
+        off += len(value)
+    hdr, results, _ = conn.call(wire.OP_PUT_STAGED, [(k, len(v)) for k, v in entries],
+                                ns=ns.encode())
+    return hdr, results
+
+
+def test_a_raw_writer_reaches_only_its_own_objects(server_factory, make_client):
+    """Over the raw protocol, a client that owns its staging memfd: its
+    PUT_STAGED stores what staging held at the call; changing staging
+    afterwards changes nothing stored; values past the staging size are
+    refused whole; the op is refused over tcp."""
+    server = server_factory(args=["--shm-staging", "1MiB"])
+    reader = shm_client(make_client, server)
+    ns = reader.namespace
+    with wire.connect_unix(server.unix_path) as conn:
+        hdr, _, (pool_fd, staging_fd) = wire.hello_fds(conn)
+        os.close(pool_fd)
+        view = mmap.mmap(staging_fd, 1 << 20, mmap.MAP_SHARED,
+                         mmap.PROT_READ | mmap.PROT_WRITE)
+        os.close(staging_fd)
+        try:
+            hdr, results = staged_put(conn, view, ns, [(b"a", b"A" * 5000), (b"b", b"B" * 300)])
+            assert hdr.status == 0 and results == [(0, 0), (0, 0)]
+            view[0:6000] = b"X" * 6000          # after the answer: too late to matter
+            assert reader.get("a") == b"A" * 5000 and reader.get("b") == b"B" * 300
+
+            hdr, body, _ = conn.call(wire.OP_PUT_STAGED, [(b"big1", 600 << 10),
+                                                          (b"big2", 600 << 10)], ns=ns.encode())
+            assert hdr.status == errors.E_TOO_LARGE, (hdr, body)
+            assert reader.batch_exists(["big1", "big2"]) == [False, False]
+            hdr, _, _ = conn.call(wire.OP_PING)
+            assert hdr.status == 0, "the connection did not survive the refusal"
+        finally:
+            view.close()
+    assert stat(server.stats(), "reserved_objects") == 0
+    with wire.connect(server.address) as conn:
+        hdr, _, _ = conn.call(wire.OP_PUT_STAGED, [(b"tcp", 10)], ns=ns.encode())
+        assert hdr.status == errors.E_UNSUPPORTED
+    with wire.connect_unix(server.unix_path) as conn:     # no HELLO: no staging
+        hdr, _, _ = conn.call(wire.OP_PUT_STAGED, [(b"nohello", 10)], ns=ns.encode())
+        assert hdr.status == errors.E_INVALID
+    assert reader.batch_exists(["tcp", "nohello"]) == [False, False]
+
+
+def test_single_tenant_reserve_is_refused_to_a_default_server(server_factory):
+    server = server_factory()
+    with wire.connect_unix(server.unix_path) as conn:
+        os.close(wire.hello(conn)[2])
+        hdr, _, _ = conn.call(wire.OP_RESERVE, [(b"k", 100)])
+        assert hdr.status == errors.E_UNSUPPORTED
+
+
+# ---------------------------------------------------------------- writers that die
+
+def writer_main(url, ns):
+    """Puts 32 MiB batches of 1 MiB values, each value a function of its key,
+    until killed."""
+    client = gdrkv.Client(url, namespace=ns, transport="shm", timeout_ms=30000)
+    size, count, n = 1 << 20, 32, 0
+    buf = bytearray(size * count)
+    ptr, _ = client.register(buf)
+    while True:
+        keys = [f"dead-{n}-{i}" for i in range(count)]
+        for i, key in enumerate(keys):
+            buf[i * size:(i + 1) * size] = content(key, size)
+        client.batch_put(keys, [ptr + i * size for i in range(count)], [size] * count)
+        n += 1
+        print(n, flush=True)
+
+
+@pytest.mark.parametrize("mode", ["staged", "single-tenant"])
+def test_a_writer_killed_mid_batch_leaves_nothing_half_written(server_factory, make_client,
+                                                                mode):
+    args = ["--single-tenant"] if mode == "single-tenant" else []
+    server = server_factory(memory="512MiB", args=args)
+    ns = unique("dead")
+    writer = subprocess.Popen([sys.executable, __file__, server.url, ns], stdout=subprocess.PIPE)
+    try:
+        for _ in range(3):          # a few batches in, so one is surely in flight
+            assert writer.stdout.readline(), "the writer died on its own"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(10)
+        writer.stdout.close()
+    wait_for(lambda: stat(server.stats(), "reserved_objects") == 0, 5,
+             "the dead writer's reservations to be dropped")
+    reader = make_client(server.url, namespace=ns, transport="shm")
+    keys = [f"dead-{n}-{i}" for n in range(8) for i in range(32)]
+    results, values = batch_get_bytes(reader, keys, [1 << 20] * len(keys))
+    found = sum(check_read(k, 1 << 20, r, v) for k, r, v in zip(keys, results, values))
+    assert found >= 3 * 32, "acknowledged batches are missing"
+
+
+# ---------------------------------------------------------------- single tenant
+
+def test_single_tenant_writes_straight_into_the_pool(server_factory, make_client):
+    server = server_factory(memory="256MiB", args=["--single-tenant"])
+    with wire.connect_unix(server.unix_path) as conn:
+        hdr, _, fds = wire.hello_fds(conn)
+        for fd in fds:
+            os.close(fd)
+    assert hdr.flags == wire.HELLO_WRITABLE
+    client = shm_client(make_client, server)
+    moved = put_and_check(client, SIZES)
+    parts = [os.urandom(n) for n in (10, 4096, 0, 70000)]
+    assert multi_segment_put(client, "multi", parts) == [0]
+    assert client.get("multi") == b"".join(parts)
+    stats = server.stats()
+    assert stat(stats, "shm_reserved_bytes") == moved + sum(map(len, parts))
+    assert stat(stats, "shm_staged_puts") == 0 and stat(stats, "bytes_in") == 0
+
+
+def test_single_tenant_reservation_dropped_with_its_connection(server_factory, make_client):
+    server = server_factory(args=["--single-tenant"])
+    reader = shm_client(make_client, server)
+    with wire.connect_unix(server.unix_path) as conn:
+        os.close(wire.hello(conn)[2])
+        conn.send(wire.request(wire.OP_RESERVE, [(b"never", 5000)],
+                               ns=reader.namespace.encode()))
+        hdr, body, _ = conn.read_frame()
+        (status, size, chunks), = wire.decode_lease(body, 1)
+        assert (hdr.status, status, size) == (0, 0, 5000) and chunks
+        assert stat(server.stats(), "reserved_objects") == 1
+    wait_for(lambda: stat(server.stats(), "reserved_objects") == 0, 2,
+             "the reservation to go with its connection")
+    assert reader.batch_exists(["never"]) == [False]
+
+
+if __name__ == "__main__":
+    writer_main(*sys.argv[1:])
