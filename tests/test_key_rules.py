@@ -86,6 +86,28 @@ def test_lmcache_request_tags_are_part_of_the_key():
     assert parts(tagged)[:-1] == parts(plain)[:-1]
 
 
+def test_lmcache_mla_keys_carry_no_rank():
+    """#16 item 7: under mla.yaml's save_only_first_rank, LMCache passes rank
+    1's reads with worker id 1 and world size 1; MLA keys are rank-less, so
+    they are rank 0's keys and build without error. Non-MLA keys keep the rank."""
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.memory_management import MemoryFormat
+
+    from gdrkv.adapters.lmcache.chunk_keys import ChunkKeys
+
+    def key(keys, world_size, worker_id):
+        return keys.one(CacheEngineKey(model_name="m", world_size=world_size,
+                                       worker_id=worker_id, chunk_hash=0x77,
+                                       dtype=torch.bfloat16))
+
+    mla = ChunkKeys(MemoryFormat.KV_MLA_FMT, 256, 1 << 20, mla=True)
+    assert key(mla, 1, 1) == key(mla, 1, 0) == key(mla, 2, 1) == key(mla, 2, 0)
+    mha = ChunkKeys(MemoryFormat.KV_2LTD, 256, 1 << 20)
+    assert key(mha, 2, 1) != key(mha, 2, 0)
+    with pytest.raises(ValueError, match="tp_rank"):
+        key(mha, 1, 1)
+
+
 def test_sglang_model_is_tagged_with_the_pools_storage_format():
     """SGLang names the model with the host pool's format tag (the unified
     pool's token-major pages are other bytes than a plain pool's); the

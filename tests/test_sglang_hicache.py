@@ -304,7 +304,9 @@ def test_one_request_per_server_per_call(server_factory):
     pool = sp.mha_pool("page_first", 1, pages=128)
     backend = attached(GdrkvHiCacheStorage(sp.storage_config(extra=extra), {}), pool)
     keys = hashes(64, 1)
-    calls = {("ops_put",): lambda: backend.batch_set_v1(keys, sp.indices(pool, range(64))),
+    # Over shm a put is a PUT_STAGED (values in staging), over tcp a PUT.
+    calls = {("ops_put", "ops_put_staged"): lambda: backend.batch_set_v1(keys,
+                                                                       sp.indices(pool, range(64))),
              ("ops_exists",): lambda: backend.batch_exists(keys),
              # Over shm a get is a LEASE (then its RELEASE), over tcp a GET.
              ("ops_get", "ops_lease"): lambda: backend.batch_get_v1(keys,
@@ -381,6 +383,21 @@ def test_packed_fp8_needs_the_logical_dtype(make_backend):
     keys = hashes(1, 16)
     assert e4m3.batch_set_v1(keys, sp.indices(pool, [0])) == [True]
     assert e5m2.batch_exists(keys) == 0
+
+
+@pytest.mark.parametrize("dtype, pool_dtype, message", [
+    ("fp8_e4m4", torch.float8_e4m3fn, "KV element type"),     # a typo names no dtype
+    ("auto", torch.bfloat16, "KV element type"),
+    ("fp8_e4m3", torch.bfloat16, "host pool holds torch.bfloat16"),  # 1 byte, pool has 2
+    ("fp32", torch.bfloat16, "host pool holds torch.bfloat16"),
+])
+def test_kv_cache_dtype_is_checked_against_the_pool(make_backend, dtype, pool_dtype, message):
+    pool = sp.mha_pool("page_first", 16, dtype=pool_dtype)
+    with pytest.raises(ValueError, match=message):
+        attached(make_backend(options={"kv_cache_dtype": dtype}), pool)
+    # The names a dtype has are one: bfloat16 on a bf16 pool is accepted.
+    if pool_dtype == torch.bfloat16:
+        attached(make_backend(options={"kv_cache_dtype": "bfloat16"}), pool)
 
 
 def test_unknown_options_are_named(server):

@@ -2,9 +2,11 @@
 across processes.
 
 A chunk's store key is the gdrkv.keys scheme (docs/keys.md) filled in from
-its CacheEngineKey and the chunk geometry. Model, KV dtype and the worker
-coordinate come from the CacheEngineKey, so ranks collapse exactly where
-LMCache collapses them (MLA's save_only_first_rank and worker-id-0 modes).
+its CacheEngineKey and the chunk geometry. Model and KV dtype come from the
+CacheEngineKey, and so does the worker coordinate, except under MLA: every
+TP rank holds the same latent KV, so MLA keys carry no rank at all, whatever
+worker id LMCache hands over (its save_only_first_rank mode passes rank 1's
+reads with worker id 1 and world size 1, which names no rank).
 LMCache's world size and worker id count the TP x PP workers of one DP
 replica, so DP replicas share keys. Memory format, chunk tokens and chunk
 bytes come from the connector: a reader of another geometry computes
@@ -21,10 +23,11 @@ from gdrkv.keys import KeyScheme
 class ChunkKeys:
     """Maps CacheEngineKeys to gdrkv store keys for one chunk geometry."""
 
-    def __init__(self, memory_format, chunk_tokens, chunk_bytes):
+    def __init__(self, memory_format, chunk_tokens, chunk_bytes, mla=False):
         # An LMCache chunk is one contiguous buffer, hence one segment.
         self._geometry = dict(engine="lmcache", layout=memory_format.name.lower(),
                               page_tokens=chunk_tokens, segments=1, segment_bytes=chunk_bytes)
+        self._mla = mla
         # One scheme per (model, world size, worker id, dtype): a connector
         # sees one or two of them (its own, and worker 0's under MLA).
         self._schemes = {}
@@ -36,12 +39,13 @@ class ChunkKeys:
         return self._scheme(key).key(_content_id(key))
 
     def _scheme(self, key):
-        identity = (key.model_name, key.world_size, key.worker_id, key.dtype)
+        rank = (None, None) if self._mla else (key.worker_id, key.world_size)
+        identity = (key.model_name, *rank, key.dtype)
         scheme = self._schemes.get(identity)
         if scheme is None:
             # LMCache's worker coordinate spans TP x PP; it goes where TP does.
-            scheme = KeyScheme(model=key.model_name, dtype=key.dtype, tp_rank=key.worker_id,
-                               tp_size=key.world_size, **self._geometry)
+            scheme = KeyScheme(model=key.model_name, dtype=key.dtype, tp_rank=rank[0],
+                               tp_size=rank[1], **self._geometry)
             self._schemes[identity] = scheme
         return scheme
 

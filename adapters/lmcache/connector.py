@@ -64,7 +64,8 @@ class GdrkvConnector(RemoteConnector):
         except (ValueError, gdrkv.GdrkvError) as e:
             raise config_error(f"cannot use {url!r}: {e}") from e
         self.local_cpu_backend = local_cpu_backend
-        self._keys = ChunkKeys(self.meta_fmt, metadata.chunk_size, self.full_chunk_size_bytes)
+        self._keys = ChunkKeys(self.meta_fmt, metadata.chunk_size, self.full_chunk_size_bytes,
+                               mla=bool(metadata.use_mla))
         self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="gdrkv-lmcache")
         self._register_cpu_buffer()
         logger.info("gdrkv connector for %s: chunks of %d bytes", url, self.full_chunk_size_bytes)

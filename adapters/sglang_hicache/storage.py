@@ -14,7 +14,7 @@ import time
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolName
 
 import gdrkv
-from gdrkv.keys import KeyScheme, dtype_name
+from gdrkv.keys import DTYPE_BYTES, KeyScheme, dtype_name
 
 from .options import ADAPTER_KEYS, SGLANG_KEYS, parse_extra_config
 from .pages import HostPages
@@ -73,6 +73,11 @@ class GdrkvHiCacheStorage(HiCacheStorage):
             raise ValueError('the host pool stores packed uint8 KV (fp8 or fp4), whose formats '
                              'keys must tell apart: set "kv_cache_dtype" (e.g. "fp8_e4m3") in '
                              "the extra config")
+        pool_bytes = DTYPE_BYTES[dtype_name(pages.dtype())]
+        if DTYPE_BYTES[dtype_name(dtype)] != pool_bytes:
+            raise ValueError(f'"kv_cache_dtype": {dtype!r} takes {DTYPE_BYTES[dtype_name(dtype)]} '
+                             f"byte(s) an element, but the host pool holds {pages.dtype()} "
+                             f"({pool_bytes}): it names another cache's dtype")
         for ptr, nbytes in pages.memory_ranges():
             self._client.register(ptr, nbytes)
         self._page_keys = key_scheme(self._config, layout=pages.layout, dtype=dtype,

@@ -45,8 +45,18 @@ _DTYPE_NAMES = {
     "float8_e5m2": "fp8_e5m2",
     "float8_e5m2fnuz": "fp8_e5m2fnuz",
     "float4_e2m1fn_x2": "fp4_e2m1",
+    "float8_e8m0fnu": "fp8_e8m0",
     "uint8": "u8",
     "int8": "i8",
+}
+
+# The KV dtypes keys may name, by canonical name, and the bytes one element
+# takes in an engine's buffer: packed fp4 (two per byte) and every fp8 live
+# in uint8 buffers, one byte per stored unit.
+DTYPE_BYTES = {
+    "fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2,
+    "fp8_e4m3": 1, "fp8_e4m3fnuz": 1, "fp8_e5m2": 1, "fp8_e5m2fnuz": 1, "fp8_e8m0": 1,
+    "fp4_e2m1": 1, "u8": 1, "i8": 1,
 }
 
 
@@ -112,12 +122,15 @@ def _model(model):
 
 def dtype_name(dtype):
     """The canonical name of a KV dtype: torch.bfloat16, "bfloat16" and
-    "bf16" are all "bf16"; float8_e4m3fn is "fp8_e4m3"."""
+    "bf16" are all "bf16"; float8_e4m3fn is "fp8_e4m3". Anything that names
+    no dtype of DTYPE_BYTES ("auto", a typo like "fp8_e4m4") is refused:
+    it would become part of every key and silently miss."""
     text = str(dtype).lower()
     text = text[len("torch."):] if text.startswith("torch.") else text
     name = _DTYPE_NAMES.get(text, text)
-    if not re.fullmatch(r"[a-z0-9_]{1,32}", name) or name == "auto":
-        raise ValueError(f"dtype must name a concrete element type, not {dtype!r}")
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype must name a KV element type ({', '.join(DTYPE_BYTES)} or "
+                         f"their torch names), not {dtype!r}")
     return name
 
 
