@@ -67,6 +67,17 @@ def write_gpu(torch, tensor, ptrs, values):
     tensor.copy_(torch.from_numpy(host))
 
 
+def gpu_values(torch, prefix, size, count, seed):
+    """count keys and their values of size bytes, the values written into
+    scattered pages of a GPU buffer: (keys, values, buffer, page pointers)."""
+    keys = [f"{prefix}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    src = gpu_buffer(torch, 2 * count * size)
+    ptrs = scattered(src.data_ptr(), size, count, seed=seed)
+    write_gpu(torch, src, ptrs, values)
+    return keys, values, src, ptrs
+
+
 def client_for(make_client, server, transport, **options):
     """A client whose first connection is open and proven to be of the
     transport asked for: shm maps the pool, tcp and rdma never do."""
@@ -118,11 +129,7 @@ def test_host_to_gpu(torch, server, make_client, transport, size):
 def test_gpu_to_host_and_gpu_to_gpu(torch, server, make_client, transport, size):
     client = client_for(make_client, server, transport)
     count = count_for(size)
-    keys = [f"g2x-{unique()}-{i}" for i in range(count)]
-    values = [content(k, size) for k in keys]
-    src = gpu_buffer(torch, 2 * count * size)
-    src_ptrs = scattered(src.data_ptr(), size, count, seed=1)
-    write_gpu(torch, src, src_ptrs, values)
+    keys, values, src, src_ptrs = gpu_values(torch, f"g2x-{unique()}", size, count, seed=1)
     client.register(src)
     assert client.batch_put(keys, src_ptrs, [size] * count) == [0] * count
 
@@ -190,11 +197,7 @@ def test_gpu_put_over_shm_never_crosses_the_socket(torch, server_factory, make_c
     srv = server_factory(memory="768MiB", args=["--single-tenant"] if single else [])
     client = make_client(srv.url, namespace=unique("gput"), transport="shm")
     count = count_for(size)
-    keys = [f"gput-{i}" for i in range(count)]
-    values = [content(k, size) for k in keys]
-    src = gpu_buffer(torch, 2 * count * size)
-    src_ptrs = scattered(src.data_ptr(), size, count, seed=5)
-    write_gpu(torch, src, src_ptrs, values)
+    keys, values, src, src_ptrs = gpu_values(torch, "gput", size, count, seed=5)
     host = np.frombuffer(b"".join(values), np.uint8).copy()
     client.register(src)
     hbase, _ = client.register(host)

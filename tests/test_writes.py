@@ -30,8 +30,9 @@ def shm_client(make_client, server, **options):
 
 
 def put_and_check(client, sizes, count=16):
-    keys = [unique(f"v{size}") for size in sizes for _ in range(count)]
-    values = [content(k, size) for k, size in zip(keys, [s for s in sizes for _ in range(count)])]
+    every = [size for size in sizes for _ in range(count)]
+    keys = [unique(f"v{size}") for size in every]
+    values = [content(k, size) for k, size in zip(keys, every)]
     assert batch_put_bytes(client, keys, values) == [0] * len(keys)
     results, got = batch_get_bytes(client, keys, [len(v) for v in values])
     assert results == [len(v) for v in values]

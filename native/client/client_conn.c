@@ -288,6 +288,14 @@ static int take_request_answer(struct client_conn *c);
 static int run_put_copies(struct client_conn *c, struct client_staging *staging,
                           struct gpu_list *gpu);
 
+/* Where the frame's GPU pieces are planned: *gpu, or NULL when the call
+ * has no GPU segment. GDRKV_E_INTERNAL when it can't be had. */
+static int frame_gpu_list(struct client_conn *c, struct gpu_list **gpu)
+{
+    *gpu = c->batch->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    return c->batch->gpu && !*gpu ? GDRKV_E_INTERNAL : 0;
+}
+
 /* A PUT_STAGED frame's values, copied into the connection's staging: the
  * GPU ones by one launch, the host ones by the CPU meanwhile. 0 when they
  * are in place, 1 when the launch still runs (GPU_WAIT sends the frame
@@ -296,11 +304,11 @@ static int stage_values(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
-    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    struct gpu_list *gpu;
 
-    if (b->gpu && !gpu)
-        return GDRKV_E_INTERNAL;
-    int rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
+    int rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
     if (rc == 0)
         rc = run_put_copies(c, &c->staging, gpu);
     client_copy_reset(&c->copies);
@@ -617,9 +625,10 @@ static int copy_leased(struct client_conn *c)
     if (rc)
         return rc;
     const uint8_t *lists = chunk_lists(c, &len);
-    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
-    rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
-         : client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
+    struct gpu_list *gpu;
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
          * ones meanwhile; the RELEASE goes once the kernel is done too
@@ -691,9 +700,11 @@ static int end_lease(struct client_conn *c)
 }
 
 /* A RESERVE answered: flags (the COMMIT request's body, one byte per key
- * of the frame) set for the keys reserved, whose values go now; the
- * others get their result (stored already: 0, or an error). */
-static int take_reservations(struct client_conn *c, uint8_t **flags_out)
+ * of the frame) set for the keys reserved, whose values go now into the
+ * chunks *lists (len bytes) describe; the others get their result
+ * (stored already: 0, or an error). */
+static int take_reservations(struct client_conn *c, uint8_t **flags_out, const uint8_t **lists,
+                             size_t *len)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
@@ -720,6 +731,7 @@ static int take_reservations(struct client_conn *c, uint8_t **flags_out)
         b->results[b->index[p]] = r.status < 0 ? r.status : 0;
     }
     *flags_out = flags;
+    *lists = chunk_lists(c, len);
     return 0;
 }
 
@@ -746,17 +758,18 @@ static int copy_reserved(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
+    const uint8_t *lists;
     uint8_t *flags;
     size_t len;
+    struct gpu_list *gpu;
 
-    int rc = take_reservations(c, &flags);
+    int rc = take_reservations(c, &flags, &lists, &len);
     if (rc)
         return rc;
-    const uint8_t *lists = chunk_lists(c, &len);
-    struct gpu_list *gpu = b->gpu ? gpu_conn_list(&c->gpu) : NULL;
-    rc = b->gpu && !gpu ? GDRKV_E_INTERNAL
-         : client_shm_plan_reserved(c->pool, lists, len, b, f->first, f->count, flags,
-                                    &c->copies, gpu);
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan_reserved(c->pool, lists, len, b, f->first, f->count, flags,
+                                      &c->copies, gpu);
     if (rc == GDRKV_E_PROTOCOL)
         return broken(c, "bad chunk lists");
     if (rc == 0)
@@ -816,13 +829,13 @@ static int write_reserved(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
+    const uint8_t *lists;
     uint8_t *flags;
     size_t len;
 
-    int rc = take_reservations(c, &flags);
+    int rc = take_reservations(c, &flags, &lists, &len);
     if (rc)
         return rc;
-    const uint8_t *lists = chunk_lists(c, &len);
     rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
     if (rc)
         return rc;

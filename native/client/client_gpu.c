@@ -463,18 +463,30 @@ static int to_device(struct gpu_conn *g, int mode, int mapped, uint64_t base, ui
     return mode;
 }
 
-int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
-                         const struct client_copy_list *host, struct client_copier *copier)
+/* Launches g->list, whose host side is [base, ...) mapped at dptr (or,
+ * not mapped, left to the copy engines), while the CPU runs the host
+ * copies. Callers find mapped before reading dptr: finding it sets it. */
+static int launch_beside_host(struct gpu_conn *g, struct gpu_call *gc, int mapped,
+                              uint64_t base, uint64_t dptr, int dst_side,
+                              const struct client_copy_list *host, struct client_copier *copier)
 {
-    struct gpu_call *gc = b->gpu;
-    int mapped = pool_mapped(pool);     /* first: it sets pool->gpu_dptr */
-    int mode = to_device(g, gc->mode, mapped, (uint64_t)(uintptr_t)pool->base, pool->gpu_dptr,
-                         0);
-    int rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+    int rc = 0;
+    if (g->list.count) {
+        int mode = to_device(g, gc->mode, mapped, base, dptr, dst_side);
+        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+    }
     if (host->count)
         client_copy_run(copier, host);
     gpu_list_reset(&g->list);
     return rc;
+}
+
+int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
+                         const struct client_copy_list *host, struct client_copier *copier)
+{
+    int mapped = pool_mapped(pool);
+    return launch_beside_host(g, b->gpu, mapped, (uint64_t)(uintptr_t)pool->base,
+                              pool->gpu_dptr, 0, host, copier);
 }
 
 int gpu_conn_copy_put(struct gpu_conn *g, struct client_staging *staging,
@@ -482,25 +494,20 @@ int gpu_conn_copy_put(struct gpu_conn *g, struct client_staging *staging,
                       const struct client_copy_list *host, struct client_copier *copier)
 {
     int launched = g->list.count > 0;
-    struct gpu_call *gc = b->gpu;
-    int rc = 0;
-    if (g->list.count && staging) {
-        uint64_t base = (uint64_t)(uintptr_t)staging->base;
+    uint64_t base, dptr;
+    int mapped;
+    if (staging) {
+        base = (uint64_t)(uintptr_t)staging->base;
         uint64_t len = GK_MIN(staging->len, GPU_STAGING_REGISTERED);
-        int mapped = dsts_within(&g->list, base, len) &&
-                     shared_mapped(staging->base, len, 0, &staging->gpu_state,
-                                   &staging->gpu_dptr);
-        int mode = to_device(g, gc->mode, mapped, base, staging->gpu_dptr, 1);
-        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
-    } else if (g->list.count) {
-        int mapped = pool_mapped(pool);
-        int mode = to_device(g, gc->mode, mapped, (uint64_t)(uintptr_t)pool->base,
-                             pool->gpu_dptr, 1);
-        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+        mapped = launched && dsts_within(&g->list, base, len) &&
+                 shared_mapped(staging->base, len, 0, &staging->gpu_state, &staging->gpu_dptr);
+        dptr = staging->gpu_dptr;
+    } else {
+        base = (uint64_t)(uintptr_t)pool->base;
+        mapped = launched && pool_mapped(pool);
+        dptr = pool->gpu_dptr;
     }
-    if (host->count)
-        client_copy_run(copier, host);
-    gpu_list_reset(&g->list);
+    int rc = launch_beside_host(g, b->gpu, mapped, base, dptr, 1, host, copier);
     return rc ? rc : launched;
 }
 
