@@ -185,6 +185,19 @@ def wait_for(predicate, timeout, what):
         time.sleep(0.05)
 
 
+def counted(read, expected, timeout=5):
+    """A worker counts an op once sendmsg has returned its answer, which
+    may be just after the client read it: polls read() until it gives
+    expected (or the time is up) and returns what it last gave, for the
+    caller to assert on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.01)
+
+
 def stat(stats, name):
     """A counter from a stats dict, failing with the names there are when
     the server does not report it."""

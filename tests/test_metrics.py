@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import batch_get_bytes, batch_put_bytes, content, unique, wait_for
+from conftest import batch_get_bytes, batch_put_bytes, content, counted, unique, wait_for
 
 METRICS_LINE = re.compile(rb"metrics on http://(\S+?)/metrics")
 
@@ -72,10 +72,18 @@ def test_metrics_move_with_the_traffic(server, make_client):
     assert batch_put_bytes(client, keys, [content(k, 4096) for k in keys]) == [0] * 10
     results, _ = batch_get_bytes(client, keys + ["missing"], [4096] * 11)
     assert results == [4096] * 10 + [-1]
-    after = families(scrape(server))
+
+    after = None
 
     def moved(name, **labels):
         return value(after, name, **labels) - value(before, name, **labels)
+
+    def gets_counted():
+        nonlocal after
+        after = families(scrape(server))
+        return moved("gdrkv_ops", op="get"), moved("gdrkv_sent_bytes")
+
+    assert counted(gets_counted, (1, 10 * 4096)) == (1, 10 * 4096)
 
     assert moved("gdrkv_received_bytes") == 10 * 4096
     assert moved("gdrkv_sent_bytes") == 10 * 4096

@@ -6,6 +6,7 @@ expired lease report failures, never wrong bytes.
 
 Run as a script (`test_shm.py URL NAMESPACE SEED`) it is one of the worker
 processes of test_processes_read_and_write_while_eviction_runs."""
+import itertools
 import mmap
 import os
 import random
@@ -14,12 +15,16 @@ import socket
 import stat as stat_mode
 import subprocess
 import sys
+import threading
+import time
 
+import numpy as np
 import pytest
 
 import gdrkv
 import wire
-from conftest import (batch_get_bytes, batch_put_bytes, check_read, content, stat, unique,
+from conftest import (background, batch_get_bytes, batch_put_bytes, check_read, content, stat,
+                      unique,
                       wait_for)
 from gdrkv import errors
 
@@ -236,25 +241,75 @@ def test_stalled_reader_loses_its_lease(server_factory, make_client):
         assert release(conn) == 0
 
 
-def test_reader_of_an_expired_lease_reports_failure_not_bytes(server_factory, make_client):
-    """With leases expiring within a server tick, some large copies outlive
-    theirs: those keys must fail, every other read must be exact."""
-    size, count = 32 << 20, 4
-    server = server_factory(memory="512MiB", args=["--lease-timeout-ms", "1"])
-    client = shm_client(make_client, server, timeout_ms=30000)
-    keys = [f"slow-{i}" for i in range(count)]
-    assert batch_put_bytes(client, keys, [content(k, size) for k in keys]) == [0] * count
-    failed_keys = 0
-    for _ in range(60):
-        results, values = batch_get_bytes(client, keys, [size] * count)
-        for key, result, value in zip(keys, results, values):
-            failed_keys += not check_read(key, size, result, value,
-                                          allowed_errors=(errors.E_TIMEOUT,))
-        if failed_keys:
-            break
-    assert failed_keys, "no lease ever expired under a copy"
-    assert client.stats()["client"]["shm_leases_expired"] >= 1
+EXPIRY_KEYS, EXPIRY_SIZE = [f"slow-{i}" for i in range(4)], 32 << 20
+
+
+def test_reader_of_an_expired_lease_reports_failure_not_bytes(server_factory, make_client,
+                                                             tmp_path):
+    """A reader stopped (SIGSTOP) for longer than its lease, with the lease's
+    worker ticking meanwhile, loses the lease under its copy: those keys
+    must fail when it goes on, every other read must be exact. The reader
+    loops on large copies in its own process; a stop that falls between
+    copies holds no lease, so the stops repeat until one lands in a copy."""
+    server = server_factory(memory="512MiB", args=["--lease-timeout-ms", "1", "--workers", "1"])
+    client = shm_client(make_client, server)
+    assert batch_put_bytes(client, EXPIRY_KEYS,
+                           [content(k, EXPIRY_SIZE) for k in EXPIRY_KEYS]) == [0] * 4
+    ready = tmp_path / "ready"
+    reader = subprocess.Popen([sys.executable, __file__, "read-until-expired",
+                               f"{server.url}?transport=shm&namespace={client.namespace}",
+                               str(ready)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Ticks need the worker awake: another client's traffic keeps it so.
+    waker = make_client(server.url, transport="tcp", namespace=unique("waker"))
+    stop = threading.Event()
+
+    def wake_the_worker():
+        while not stop.is_set():
+            waker.batch_sizes(["nothing"])
+
+    try:
+        wait_for(ready.exists, 30, "the reader to start")
+        with background(wake_the_worker, stop=stop):
+            for _ in range(100):
+                time.sleep(random.uniform(0.1, 0.2))    # the reader runs a few copies
+                reader.send_signal(signal.SIGSTOP)
+                time.sleep(0.3)     # past the lease's 1 ms + 32 ms (1 ms per MiB) and a tick
+                reader.send_signal(signal.SIGCONT)
+                if reader.poll() is not None:
+                    break
+        out = reader.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        reader.kill()
+    assert reader.returncode == 0, out
+    assert "expired" in out, out
     assert stat(server.stats(), "shm_leases_expired") >= 1
+
+
+def _read_until_expired(url, ready):
+    """Reads EXPIRY_KEYS in a loop until a read fails; the failed keys must
+    be E_TIMEOUT, the others of that batch (and of the first) exact."""
+    size, count = EXPIRY_SIZE, len(EXPIRY_KEYS)
+    expected = [np.frombuffer(content(k, size), np.uint8) for k in EXPIRY_KEYS]
+    with gdrkv.Client(url, timeout_ms=30000) as client:
+        dest = np.zeros(size * count, np.uint8)
+        base, _ = client.register(dest)
+        open(ready, "w").close()
+        for first in itertools.chain([True], itertools.repeat(False)):
+            dest.fill(0)
+            results = client.batch_get(EXPIRY_KEYS, [base + i * size for i in range(count)],
+                                       [size] * count)
+            if not first and all(r == size for r in results):
+                continue
+            for i, (key, result) in enumerate(zip(EXPIRY_KEYS, results)):
+                if result < 0:
+                    assert result == errors.E_TIMEOUT, (key, errors.strerror(result))
+                else:
+                    assert result == size, key
+                    assert np.array_equal(dest[i * size:(i + 1) * size], expected[i]), key
+            if not first:
+                break
+        assert client.stats()["client"]["shm_leases_expired"] >= 1
+        print("expired", sum(r < 0 for r in results))
 
 
 # ---------------------------------------------------------------- servers come and go
@@ -368,6 +423,8 @@ def _hold(path, ns, key, ready):
 if __name__ == "__main__":
     if sys.argv[1] == "hold":
         _hold(*sys.argv[2:6])
+    elif sys.argv[1] == "read-until-expired":
+        _read_until_expired(*sys.argv[2:4])
     else:
         url, seed = sys.argv[2], int(sys.argv[3])
         with gdrkv.Client(url) as c:
