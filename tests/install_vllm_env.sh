@@ -30,7 +30,8 @@ pip_install --no-deps vllm==0.33.0
 pip_install --no-warn-conflicts packaging pydantic regex numpy cbor2 psutil pyzmq urllib3 \
     "transformers>=5.16.1,<5.21.0" aiohttp requests "oss-harmony>=0.0.11" "openai>=2.25.0" \
     pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
-    "fastapi<0.137.0" partial_json_parser "llguidance<1.8.0,>=1.7.0" einops
+    "fastapi<0.137.0" partial_json_parser "llguidance<1.8.0,>=1.7.0" einops \
+    xxhash
 pip_install --no-warn-conflicts --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 
 bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python" lmcache

@@ -6,47 +6,24 @@ vLLM's pins clash with SGLang's, so it lives in its own environment,
 .venv-vllm (tests/install_vllm_env.sh; tests/run.sh makes it): each test
 runs LMCache workers there as fresh processes (tests/lmcache_vllm_worker.py)
 against a real `gdrkv serve` process."""
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import unique
+from conftest import run_vllm_script, unique, vllm_env
 
-TESTS = Path(__file__).resolve().parent
-WORKER = TESTS / "lmcache_vllm_worker.py"
-VLLM_PYTHON = Path(os.environ.get("GDRKV_VLLM_PYTHON", TESTS.parent / ".venv-vllm/bin/python"))
+WORKER = Path(__file__).resolve().parent / "lmcache_vllm_worker.py"
 CHUNK_TOKENS = 16                 # lmcache_vllm_worker.CHUNK_TOKENS
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    if not VLLM_PYTHON.exists():
-        message = f"no vLLM test environment at {VLLM_PYTHON}: run tests/install_vllm_env.sh"
-        if os.environ.get("GDRKV_REQUIRE_ENGINES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return str(VLLM_PYTHON)
 
 
 def worker(python, mode, server, model, hashseed, first=5000, count=2 * CHUNK_TOKENS + 3):
     """Runs one LMCache worker process with PYTHONHASHSEED=hashseed (None:
     unset) and returns its report."""
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    env.pop("PYTHONHASHSEED", None)
+    env = vllm_env()
     if hashseed is not None:
         env["PYTHONHASHSEED"] = hashseed
-    # The sanitized pass of tests/run.sh instruments .venv-test's gdrkv and
-    # softverbs, not this environment's gdrkv: neither its runtime nor that
-    # softverbs may be loaded here (the client picks shm on this host anyway).
-    for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "GDRKV_IBVERBS_LIB"):
-        env.pop(name, None)
-    done = subprocess.run([python, str(WORKER), mode, server.url, model, str(first), str(count)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_vllm_script(python, [WORKER, mode, server.url, model, str(first), str(count)],
+                             env)
     assert report["vllm"] == "0.33.0"
     return report
 

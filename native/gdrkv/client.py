@@ -60,6 +60,7 @@ class Client:
         opts_values = _resolve_options({**url_options, **options})
         self.namespace = opts_values["namespace"]
         self.transport = opts_values["transport"]
+        self.timeout_ms = opts_values["timeout_ms"]
 
         opts = ffi.new("gdrkv_client_opts *")
         lib.gdrkv_client_opts_init(opts)

@@ -1,0 +1,159 @@
+"""gdrkv's vLLM store connector (adapters/vllm) in vLLM 0.33's real
+Scheduler, KV cache manager, model-runner mixin and output aggregator, on
+CPU KV tensors: each engine is a fresh process of tests/vllm_engine.py in
+the vLLM environment, against a real `gdrkv serve` process. Saving in one
+process and loading in another is what proves keys survive a restart."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_vllm_script, unique, vllm_env
+
+ENGINE = Path(__file__).resolve().parent / "vllm_engine.py"
+BLOCK = 16                  # vllm_engine.BLOCK
+BLOCKS = 128                # vllm_engine's default num_blocks
+
+
+def engine(python, server, namespace, phases, env=None, **scenario):
+    """Runs one engine over phases (each: requests {id: tokens}, max_tokens,
+    occupy_blocks, break_after_lookup); its report, after checking that it
+    went idle and gave back every block (the null block stays taken)."""
+    scenario = dict(url=server.url, namespace=namespace, phases=phases, **scenario)
+    report = run_vllm_script(python, [ENGINE, json.dumps(scenario)], vllm_env(**(env or {})))
+    if "error" not in report:
+        assert all(report["idle"]), report
+        assert report["free_blocks"] == scenario.get("blocks", BLOCKS) - 1, report
+    return report
+
+
+def prompt(seed, blocks, extra=0):
+    return [1000 + seed * 10000 + i for i in range(blocks * BLOCK + extra)]
+
+
+@pytest.fixture
+def ns():
+    return unique("vllm")
+
+
+def test_a_saved_prefix_loads_byte_exact_into_other_blocks_of_a_fresh_process(
+        vllm_python, server, ns):
+    tokens = prompt(1, 5, extra=8)
+    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
+    assert saver["requests"]["a"]["external_tokens"] == 0
+    assert saver["saved_keys"] == 5
+
+    loader = engine(vllm_python, server, ns, [
+        {"occupy_blocks": 7, "requests": {"b": tokens, "c": prompt(2, 5, extra=8),
+                                          "d": prompt(1, 3) + prompt(3, 2, extra=8)}}])
+    b, c, d = (loader["requests"][r] for r in "bcd")
+    # The whole saved prefix, asynchronously, byte-exact, into other blocks.
+    assert b["external_tokens"] == 5 * BLOCK
+    assert "WAITING_FOR_REMOTE_KVS" in b["statuses"]
+    assert b["loaded_exact"] == [True] * 5 and b["prefill_tokens"] == 8
+    assert set(b["loaded_blocks"]).isdisjoint(saver["requests"]["a"]["block_ids"])
+    # An unrelated prompt misses; a shared prefix of 3 blocks hits 3 blocks.
+    assert c["external_tokens"] == 0 and "WAITING_FOR_REMOTE_KVS" not in c["statuses"]
+    assert d["external_tokens"] == 3 * BLOCK and d["loaded_exact"] == [True] * 3
+
+
+def test_a_whole_prompt_hit_leaves_the_last_token_to_compute(vllm_python, server, ns):
+    tokens = prompt(4, 4)
+    engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
+    loader = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}])
+    b = loader["requests"]["b"]
+    assert b["external_tokens"] == 4 * BLOCK - 1
+    assert b["loaded_exact"] == [True] * 4
+
+
+@pytest.mark.parametrize("how", ["clear", "kill"])
+def test_a_load_that_fails_is_recomputed(vllm_python, server_factory, ns, how):
+    """The objects vanish (or the server dies) between the lookup and the
+    load: the blocks are reported as load errors, vLLM recomputes them, the
+    request finishes and nothing is left waiting."""
+    server = server_factory(memory="64MiB")
+    tokens = prompt(5, 4, extra=3)
+    engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
+    report = engine(vllm_python, server, ns, [
+        {"requests": {"b": tokens}, "break_after_lookup": how, "server_pid": server.proc.pid}],
+        timeout_ms=1000)
+    if how == "kill":
+        server.kill()       # what the engine did: teardown expects it dead
+    b = report["requests"]["b"]
+    assert b["external_tokens"] == 4 * BLOCK
+    assert b["load_errors"] == 4
+    assert b["statuses"][-1] == "FINISHED_LENGTH_CAPPED"
+    assert b["prefill_tokens"] == len(tokens)     # all of it computed here after all
+
+
+def test_a_dead_store_is_a_miss_not_a_stuck_request(vllm_python, server_factory, ns):
+    server = server_factory(memory="64MiB")
+    server.kill()
+    report = engine(vllm_python, server, ns, [{"requests": {"a": prompt(6, 3, extra=1)}}],
+                    timeout_ms=500)
+    a = report["requests"]["a"]
+    assert a["external_tokens"] == 0 and a["statuses"][-1] == "FINISHED_LENGTH_CAPPED"
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_tp_ranks_store_their_shards_and_dp_replicas_share(vllm_python, server, ns, mla):
+    """TP 2: MHA ranks each store their shard; MLA's ranks hold the same
+    bytes, one rank writes them. Another DP replica (TP 2) loads both ranks
+    byte-exact; a TP 1 engine of MHA has other keys and misses."""
+    tokens = prompt(7, 3, extra=5)
+    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], tp=2, mla=mla)
+    assert saver["saved_keys"] == 3 * (1 if mla else 2)
+    replica = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}], tp=2, mla=mla,
+                     dp_rank=1)
+    assert replica["requests"]["b"]["loaded_exact"] == [True] * 3
+    single = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}], tp=1, mla=mla)
+    assert single["requests"]["c"]["external_tokens"] == (3 * BLOCK if mla else 0)
+
+
+def test_objects_of_several_blocks_skip_what_the_engine_holds(vllm_python, server, ns):
+    """blocks_per_key 4: only whole chunks are stored and hit; a chunk the
+    engine's own prefix cache holds part of is loaded around those blocks."""
+    extra = {"blocks_per_key": 4}
+    tokens = prompt(8, 9, extra=2)
+    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], extra=extra)
+    assert saver["saved_keys"] == 2
+    # Same engine: a 6-block local hit, then 2 blocks of the second chunk load.
+    report = engine(vllm_python, server, ns, [
+        {"requests": {"p": tokens[:6 * BLOCK + 1]}},
+        {"requests": {"q": tokens}}], extra=extra)
+    q = report["requests"]["q"]
+    assert q["local_tokens"] == 6 * BLOCK
+    assert q["external_tokens"] == 2 * BLOCK
+    assert q["loaded_exact"] == [True] * 2 and q["prefill_tokens"] == len(tokens) - 8 * BLOCK
+
+
+def test_preempted_requests_finish_and_give_back_their_blocks(vllm_python, server, ns):
+    """Few blocks and long requests: vLLM preempts and resumes them while
+    their saves run; all finish and every block comes back."""
+    requests = {f"r{i}": prompt(10 + i, 6, extra=4) for i in range(4)}
+    report = engine(vllm_python, server, ns, [{"requests": requests, "max_tokens": 60}],
+                    blocks=24)
+    assert report["preemptions"] >= 1
+    assert all(r["statuses"][-1] == "FINISHED_LENGTH_CAPPED" for r in report["requests"].values())
+
+
+def test_random_block_hashes_are_refused_at_start(vllm_python, server, ns):
+    report = engine(vllm_python, server, ns, [], hash_algo="xxhash")
+    assert "PYTHONHASHSEED" in report["error"]
+    seeded = engine(vllm_python, server, ns, [], hash_algo="xxhash", env={"PYTHONHASHSEED": "0"})
+    assert "error" not in seeded
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"blocks_per_key": 0}, "blocks_per_key must be an int >= 1"),
+    ({"no_such_option": 1}, "unknown option 'no_such_option'"),
+    ({"transport": "carrier-pigeon"}, "transport must be one of"),
+])
+def test_wrong_options_are_refused_clearly(vllm_python, server, ns, extra, message):
+    report = engine(vllm_python, server, ns, [], extra=extra)
+    assert message in report["error"]
+
+
+def test_another_vllm_version_is_refused(vllm_python, server, ns):
+    report = engine(vllm_python, server, ns, [], pretend_version="0.34.0")
+    assert "built for vllm 0.33.x, this is vllm 0.34.0" in report["error"]

@@ -1,0 +1,316 @@
+"""A vLLM 0.33 engine without a model, in a process of its own, for
+tests/test_vllm.py (run with the python of .venv-vllm, never imported by
+pytest): vLLM's real Scheduler and KV cache manager, gdrkv's connector
+built by vLLM's factory from a --kv-transfer-config, real CPU KV tensors
+from vLLM's allocate_kv_cache, and each step's connector calls made by
+vLLM's own model-runner mixin, outputs merged by its KVOutputAggregator.
+
+The "model" writes, when a step's forward completes a block, bytes that are
+a function of the block's hash, the layer and (for MHA) the TP rank: a
+loaded block is right when it holds exactly those bytes.
+
+    python vllm_engine.py '{"url": ..., "steps": [...]}'
+
+prints one JSON line: what each request saw.
+"""
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import torch
+import vllm
+from vllm import SamplingParams
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         ParallelConfig, SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer import kv_transfer_state
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import set_forward_context
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor, MLAAttentionSpec)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+from vllm.v1.worker.utils import allocate_kv_cache
+
+import gdrkv
+
+BLOCK = 16
+LAYERS = 2
+EOS = 2
+
+
+def model_dir():
+    """A folder holding only an OPT config.json: all ModelConfig needs."""
+    path = os.path.join(tempfile.gettempdir(), "gdrkv-vllm-opt-2l")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["OPTForCausalLM"], "model_type": "opt",
+                   "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": LAYERS,
+                   "ffn_dim": 128, "max_position_embeddings": 4096, "vocab_size": 1000,
+                   "word_embed_proj_dim": 64, "torch_dtype": "bfloat16",
+                   "eos_token_id": EOS, "bos_token_id": 1, "pad_token_id": 1}, f)
+    return path
+
+
+def make_config(scenario):
+    extra = {"url": scenario["url"], "namespace": scenario["namespace"],
+             "timeout_ms": scenario.get("timeout_ms", 5000), **scenario.get("extra", {})}
+    model = ModelConfig(model=model_dir(), dtype="bfloat16", seed=0, skip_tokenizer_init=True,
+                        served_model_name=scenario.get("model", "opt-2l"))
+    cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, enable_prefix_caching=True,
+                        cache_dtype="auto",
+                        prefix_caching_hash_algo=scenario.get("hash_algo", "sha256"))
+    cache.kv_cache_layout = "LBNHC"
+    return VllmConfig(
+        model_config=model, cache_config=cache, device_config=DeviceConfig("cpu"),
+        scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=scenario.get(
+            "batch_tokens", 4096), max_model_len=4096, enable_chunked_prefill=True,
+            is_encoder_decoder=False),
+        parallel_config=ParallelConfig(tensor_parallel_size=scenario.get("tp", 1),
+                                       data_parallel_rank=scenario.get("dp_rank", 0)),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=scenario.get("connector", "GdrkvStoreConnector"),
+            kv_connector_module_path="gdrkv.adapters.vllm",
+            kv_role=scenario.get("role", "kv_both"), kv_connector_extra_config=extra,
+            kv_load_failure_policy="recompute"))
+
+
+def make_kv_cache_config(scenario):
+    if scenario.get("mla"):
+        spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=24,
+                                dtype=torch.bfloat16)
+    else:
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=8,
+                                 dtype=torch.bfloat16)
+    blocks = scenario.get("blocks", 128)
+    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+    page = spec.page_size_bytes
+    # Layer-outermost (LBNHC): each layer's blocks in a region of their own.
+    return KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
+                         kv_cache_tensors=[KVCacheTensor(size=page * blocks * LAYERS,
+                                                         layers=layers, layer_stride=page * blocks,
+                                                         block_stride=page)])
+
+
+def block_bytes(block_hash, layer, rank, nbytes):
+    return hashlib.shake_256(bytes(block_hash) + f"/{layer}/{rank}".encode()).digest(nbytes)
+
+
+class Worker:
+    """One TP rank: its connector, its KV tensors, its "forward"."""
+
+    def __init__(self, config, kv_cache_config, rank, mla):
+        config.parallel_config.rank = rank
+        self.rank = 0 if mla else rank
+        self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
+                                                             kv_cache_config)
+        self.kv = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout.LBNHC)
+        self.layers = sorted(self.kv)
+        self.connector.register_kv_caches(self.kv)
+        self.config = config
+
+    def block(self, layer, block_id):
+        """Block block_id of a layer as its bytes in memory order (vLLM's
+        layouts permute the dimensions inside a block)."""
+        view = self.kv[self.layers[layer]][block_id]
+        storage = view.untyped_storage()
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage)
+        offset = view.data_ptr() - storage.data_ptr()
+        return raw[offset:offset + view.numel() * view.element_size()]
+
+    def expected(self, block_hash, layer):
+        return block_bytes(block_hash, layer, self.rank, self.block(layer, 0).numel())
+
+    def write_block(self, block_id, block_hash):
+        for layer in range(LAYERS):
+            self.block(layer, block_id).copy_(
+                torch.frombuffer(bytearray(self.expected(block_hash, layer)), dtype=torch.uint8))
+
+    def holds(self, block_id, block_hash):
+        return all(bytes(self.block(layer, block_id).numpy()) == self.expected(block_hash, layer)
+                   for layer in range(LAYERS))
+
+    def execute(self, out, requests, block_ids):
+        """One step: the connector's calls around the forward, as vLLM's
+        model runner makes them."""
+        kv_transfer_state._KV_CONNECTOR_AGENT = self.connector
+        meta = out.kv_connector_metadata
+        self.connector.handle_preemptions(meta)
+        with set_forward_context(None, self.config):
+            with KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_out:
+                for req_id, n in out.num_scheduled_tokens.items():
+                    request = requests[req_id]
+                    # schedule() counted the step's tokens as computed already.
+                    start = request.num_computed_tokens - n
+                    for b in range(start // BLOCK, (start + n) // BLOCK):
+                        if b < len(request.block_hashes):
+                            self.write_block(block_ids[req_id][b], request.block_hashes[b])
+        return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[],
+                                 logprobs=None, prompt_logprobs_dict={}, pooler_output=None,
+                                 kv_connector_output=kv_out)
+
+
+class Engine:
+    def __init__(self, scenario):
+        config = make_config(scenario)
+        kv_cache_config = make_kv_cache_config(scenario)
+        config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_cache_config,
+                                   log_stats=True,
+                                   structured_output_manager=StructuredOutputManager(config),
+                                   block_size=BLOCK)
+        self.workers = [Worker(config, kv_cache_config, rank, scenario.get("mla", False))
+                        for rank in range(config.parallel_config.tensor_parallel_size)]
+        self.aggregator = KVOutputAggregator(expected_finished_count=len(self.workers))
+        self.seen = {}
+        self.breaks = None
+        self.idle = []
+        self.preemptions = 0
+        connector = self.scheduler.connector
+        matched, after_alloc = connector.get_num_new_matched_tokens, \
+            connector.update_state_after_alloc
+
+        def record_matched(request, num_computed_tokens):
+            result = matched(request, num_computed_tokens)
+            self.record(request.request_id)["local_tokens"] = num_computed_tokens
+            return result
+
+        def record_alloc(request, blocks, num_external_tokens):
+            if num_external_tokens:
+                self.record(request.request_id)["external_tokens"] = num_external_tokens
+            return after_alloc(request, blocks, num_external_tokens)
+
+        connector.get_num_new_matched_tokens = record_matched
+        connector.update_state_after_alloc = record_alloc
+
+    def record(self, req_id):
+        return self.seen.setdefault(req_id, {"external_tokens": 0, "local_tokens": 0,
+                                             "statuses": [], "prefill_tokens": 0})
+
+    def add(self, req_id, tokens, max_tokens):
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params.update_from_generation_config({}, EOS)
+        request = Request(request_id=req_id, prompt_token_ids=list(tokens),
+                          sampling_params=params, pooling_params=None, mm_features=None,
+                          block_hasher=self.hasher)
+        self.scheduler.add_request(request)
+        self.record(req_id)
+
+    def step(self):
+        sched = self.scheduler
+        out = sched.schedule()
+        self.preemptions += len(out.preempted_req_ids or ())
+        requests = dict(sched.requests)
+        block_ids = {r: list(sched.kv_cache_manager.get_block_ids(r)[0]) for r in requests
+                     if r in out.num_scheduled_tokens}
+        for req_id, request in requests.items():
+            seen = self.record(req_id)
+            status = request.status.name
+            if not seen["statuses"] or seen["statuses"][-1] != status:
+                seen["statuses"].append(status)
+            if req_id in block_ids:
+                seen.setdefault("block_ids", block_ids[req_id])
+                n = out.num_scheduled_tokens[req_id]
+                start = request.num_computed_tokens - n
+                seen["prefill_tokens"] += max(0, min(start + n, request.num_prompt_tokens) - start)
+                self.check_loaded(request, block_ids[req_id])
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and self.breaks:
+                self.break_store(*self.breaks)
+                self.breaks = None
+        outputs = [w.execute(out, requests, block_ids) for w in self.workers]
+        merged = self.aggregator.aggregate(outputs)
+        for block in merged.kv_connector_output.invalid_block_ids if \
+                merged.kv_connector_output else ():
+            for req_id, request in requests.items():
+                if block in sched.kv_cache_manager.get_block_ids(req_id)[0]:
+                    seen = self.record(req_id)
+                    seen["load_errors"] = seen.get("load_errors", 0) + 1
+        # The sampled tokens: one per request whose prefill is done.
+        scheduled = list(out.num_scheduled_tokens)
+        merged.req_ids = scheduled
+        merged.req_id_to_index = {r: i for i, r in enumerate(scheduled)}
+        merged.sampled_token_ids = [
+            [7] if requests[r].num_computed_tokens + out.num_scheduled_tokens[r]
+            >= requests[r].num_tokens else [] for r in scheduled]
+        sched.update_from_output(out, merged)
+        for req_id in list(self.seen):
+            if req_id not in sched.requests and req_id in requests:
+                self.seen[req_id]["statuses"].append(requests[req_id].status.name)
+        return out
+
+    def break_store(self, how, namespace, url, pid):
+        """Between a lookup and its load: the objects go, or the server."""
+        if how == "clear":
+            with gdrkv.Client(url, namespace=namespace) as client:
+                client.clear()
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+    def check_loaded(self, request, block_ids):
+        """When first scheduled after a load, before its forward: whether
+        the loaded blocks hold what the saving engine wrote, on every rank."""
+        seen = self.seen[request.request_id]
+        if seen["external_tokens"] and "loaded_exact" not in seen:
+            local = seen["local_tokens"]
+            blocks = range(local // BLOCK, -(-(local + seen["external_tokens"]) // BLOCK))
+            seen["loaded_blocks"] = [block_ids[b] for b in blocks]
+            seen["loaded_exact"] = [all(w.holds(block_ids[b], request.block_hashes[b])
+                                        for w in self.workers) for b in blocks]
+
+    def run(self, timeout_s=60):
+        """Steps until the scheduler holds no request (loads and saves run
+        on the connector's threads meanwhile); False if it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.scheduler.has_requests():
+                return True
+            if not self.step().num_scheduled_tokens:
+                time.sleep(0.001)
+        return False
+
+
+def main(scenario):
+    if "pretend_version" in scenario:
+        vllm.__version__ = scenario["pretend_version"]
+    try:
+        engine = Engine(scenario)
+    except (ValueError, RuntimeError) as e:
+        print(json.dumps({"error": str(e)}))
+        return
+    for phase in scenario["phases"]:
+        if phase.get("occupy_blocks"):
+            # A request holding the first blocks, so this engine's blocks
+            # differ from those of the engine that saved.
+            engine.add("occupier", list(range(900, 900 + phase["occupy_blocks"] * BLOCK)), 1)
+            engine.step()
+        if phase.get("break_after_lookup"):
+            engine.breaks = (phase["break_after_lookup"], scenario["namespace"],
+                             scenario["url"], phase.get("server_pid"))
+        for req_id, tokens in phase.get("requests", {}).items():
+            engine.add(req_id, tokens, phase.get("max_tokens", 2))
+        engine.idle.append(engine.run())
+    saved = [sum(w.connector.mover.counters["save_keys"] for w in engine.workers)]
+    for worker in engine.workers:
+        worker.connector.shutdown()
+    report = {"requests": engine.seen, "idle": engine.idle, "saved_keys": saved[0],
+              "preemptions": engine.preemptions,
+              "free_blocks": engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
