@@ -4,19 +4,19 @@ Plain (plain.py): batched put/get/exists throughput against a server in
 another process, side by side with this machine's ceilings (the loopback TCP
 stream and memcpy) measured in the same run (harness.py). --compare
 (compare.py) adds every transport, the peers (peers.py) and the engines'
-own storage (engines.py); --gpu (gpu.py) measures host<->GPU paths.
+own storage (engines.py); --gpu (gpu.py) measures host<->GPU paths; --vllm
+(vllm.py) the vLLM connector's save and load of GPU KV.
 """
 import argparse
 import contextlib
-import json
 import os
 import sys
 
 from ..client import Client
 from ..sizes import parse_size
 from ..sysinfo.host import cpu_model
-from . import gpu, plain
-from .harness import Ceilings, Progress, server, tcp_stream
+from . import gpu, plain, vllm
+from .harness import Ceilings, Progress, server, tcp_stream, write_json
 
 OPS = ("put", "get", "exists")
 DEFAULT_SIZES = "4KiB,64KiB,1MiB"
@@ -53,6 +53,7 @@ def add_arguments(parser):
     parser.add_argument("--png", metavar="PATH",
                         help="with --compare: plot throughput against object size here")
     gpu.add_arguments(parser)
+    vllm.add_arguments(parser)
 
 
 def run(args):
@@ -61,6 +62,8 @@ def run(args):
         return 2
     if args.gpu:
         return gpu.run(args)
+    if args.vllm:
+        return vllm.run(args)
     if args.compare:
         from . import compare
         args.sizes = args.sizes or parse_sizes(compare.DEFAULT_SIZES)
@@ -83,10 +86,7 @@ def run(args):
         return 1
     summary = ceilings.medians() if ceilings else {}
     print(plain.table(results, summary))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report(args, results, summary), f, indent=2)
-            f.write("\n")
+    write_json(args.json, report(args, results, summary))
     return 0
 
 

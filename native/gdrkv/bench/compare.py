@@ -16,7 +16,6 @@ nothing can reach them from outside.
 import contextlib
 import ctypes
 import datetime
-import json
 import math
 import os
 import shutil
@@ -56,10 +55,7 @@ def run(args):
         shutil.rmtree(logs, ignore_errors=True)     # else the failures point there
     report["png"] = _plot(report, args.png)
     print(_tables(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+    harness.write_json(args.json, report)
     return 0
 
 

@@ -14,7 +14,6 @@ gpu_copy=kernel and gpu_copy=copy_engine.
 
 Needs torch (for GPU memory and CUDA events); the library does not.
 """
-import json
 import os
 import random
 import statistics
@@ -50,15 +49,24 @@ def add_arguments(parser):
                              "shm,shm-single-tenant,tcp)")
 
 
-def run(args):
+def cuda_torch(mode):
+    """(torch, the driver's description) when a GPU and torch are both
+    here; else (None, None), having said which is missing."""
     ok, why = gpu.available()
     if not ok:
-        print(f"gdrkv bench --gpu: no GPU: {why}", file=sys.stderr)
-        return 1
+        print(f"gdrkv bench {mode}: no GPU: {why}", file=sys.stderr)
+        return None, None
     try:
         import torch
     except ImportError:
-        print("gdrkv bench --gpu: needs torch for GPU memory and CUDA events", file=sys.stderr)
+        print(f"gdrkv bench {mode}: needs torch for GPU memory and CUDA events", file=sys.stderr)
+        return None, None
+    return torch, why
+
+
+def run(args):
+    torch, why = cuda_torch("--gpu")
+    if torch is None:
         return 1
     sizes = args.sizes or [parse_size(s) for s in GPU_SIZES.split(",")]
     transports = [t for t in args.gpu_transports.split(",") if t]
@@ -81,10 +89,7 @@ def run(args):
         if "shm" in transports:
             report["interference"] = _interference(torch, url)
             print(_interference_table(report["interference"]), flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+    harness.write_json(args.json, report)
     return 0
 
 
@@ -215,7 +220,7 @@ def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto"))
 
 # ---------------------------------------------------------------- interference
 
-def _memory_bound(torch, a, b, stream, iters):
+def memory_bound(torch, a, b, stream, iters):
     """Milliseconds per device-to-device copy of a into b on stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
@@ -231,8 +236,8 @@ def _interference(torch, url):
     a = torch.empty(INTERFERENCE_BYTES, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     stream = torch.cuda.Stream()
-    _memory_bound(torch, a, b, stream, 10)
-    alone = statistics.median(_memory_bound(torch, a, b, stream, 100) for _ in range(3))
+    memory_bound(torch, a, b, stream, 10)
+    alone = statistics.median(memory_bound(torch, a, b, stream, 100) for _ in range(3))
     size, per_batch = INTERFERENCE_PAGE, BATCH_BYTES // INTERFERENCE_PAGE
     dev = torch.zeros(2 * per_batch * size, dtype=torch.uint8, device="cuda")
     ptrs = _scattered(dev.data_ptr(), size, per_batch, seed=9)
@@ -255,7 +260,7 @@ def _interference(torch, url):
             try:
                 time.sleep(0.2)
                 t0, m0 = time.perf_counter(), moved[0]
-                busy = statistics.median(_memory_bound(torch, a, b, stream, 100)
+                busy = statistics.median(memory_bound(torch, a, b, stream, 100)
                                          for _ in range(3))
                 gbps = (moved[0] - m0) / (time.perf_counter() - t0) / 1e9
             finally:

@@ -12,6 +12,7 @@ fresh memory is slow on some VMs and would be measured instead of gdrkv.
 """
 import contextlib
 import ctypes
+import json
 import math
 import mmap
 import os
@@ -36,6 +37,14 @@ START_TIMEOUT_S = 60
 # the random block: no two objects of a batch hold the same bytes, and a get
 # that lands an object in the wrong place fails verification.
 PATTERN_BLOCK = (1 << 20) + 4093
+
+
+def write_json(path, report):
+    """--json PATH: the report, indented, when a path was given."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
 
 
 def expect(what, results, expected):
