@@ -13,6 +13,7 @@ from conftest import run_vllm_script, unique, vllm_env
 ENGINE = Path(__file__).resolve().parent / "vllm_engine.py"
 BLOCK = 16                  # vllm_engine.BLOCK
 BLOCKS = 128                # vllm_engine's default num_blocks
+BLOCK_BYTES = 2 * BLOCK * 2 * 8 * 2 * 2     # layers x tokens x heads x K|V x head size x bf16
 
 
 def engine(python, server, namespace, phases, env=None, **scenario):
@@ -41,7 +42,8 @@ def test_a_saved_prefix_loads_byte_exact_into_other_blocks_of_a_fresh_process(
     tokens = prompt(1, 5, extra=8)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
     assert saver["requests"]["a"]["external_tokens"] == 0
-    assert saver["saved_keys"] == 5
+    assert saver["stats"]["save_keys"] == 5 and saver["stats"]["save_failed_keys"] == 0
+    assert saver["stats"]["save_bytes"] == 5 * BLOCK_BYTES
 
     loader = engine(vllm_python, server, ns, [
         {"occupy_blocks": 7, "requests": {"b": tokens, "c": prompt(2, 5, extra=8),
@@ -55,6 +57,7 @@ def test_a_saved_prefix_loads_byte_exact_into_other_blocks_of_a_fresh_process(
     # An unrelated prompt misses; a shared prefix of 3 blocks hits 3 blocks.
     assert c["external_tokens"] == 0 and "WAITING_FOR_REMOTE_KVS" not in c["statuses"]
     assert d["external_tokens"] == 3 * BLOCK and d["loaded_exact"] == [True] * 3
+    assert loader["stats"]["load_keys"] == 8 and loader["stats"]["load_bytes"] == 8 * BLOCK_BYTES
 
 
 def test_a_whole_prompt_hit_leaves_the_last_token_to_compute(vllm_python, server, ns):
@@ -102,7 +105,7 @@ def test_tp_ranks_store_their_shards_and_dp_replicas_share(vllm_python, server, 
     byte-exact; a TP 1 engine of MHA has other keys and misses."""
     tokens = prompt(7, 3, extra=5)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], tp=2, mla=mla)
-    assert saver["saved_keys"] == 3 * (1 if mla else 2)
+    assert saver["stats"]["save_keys"] == 3 * (1 if mla else 2)
     replica = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}], tp=2, mla=mla,
                      dp_rank=1)
     assert replica["requests"]["b"]["loaded_exact"] == [True] * 3
@@ -116,7 +119,7 @@ def test_objects_of_several_blocks_skip_what_the_engine_holds(vllm_python, serve
     extra = {"blocks_per_key": 4}
     tokens = prompt(8, 9, extra=2)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], extra=extra)
-    assert saver["saved_keys"] == 2
+    assert saver["stats"]["save_keys"] == 2
     # Same engine: a 6-block local hit, then 2 blocks of the second chunk load.
     report = engine(vllm_python, server, ns, [
         {"requests": {"p": tokens[:6 * BLOCK + 1]}},

@@ -13,6 +13,7 @@ loaded block is right when it holds exactly those bytes.
 
 prints one JSON line: what each request saw.
 """
+import collections
 import hashlib
 import json
 import os
@@ -179,6 +180,7 @@ class Engine:
         self.seen = {}
         self.breaks = None
         self.idle = []
+        self.stats = collections.Counter()      # the connector's, as vLLM's logger gets them
         self.preemptions = 0
         connector = self.scheduler.connector
         matched, after_alloc = connector.get_num_new_matched_tokens, \
@@ -233,6 +235,9 @@ class Engine:
                 self.breaks = None
         outputs = [w.execute(out, requests, block_ids) for w in self.workers]
         merged = self.aggregator.aggregate(outputs)
+        stats = merged.kv_connector_output and merged.kv_connector_output.kv_connector_stats
+        if stats:
+            self.stats.update(stats.reduce())
         for block in merged.kv_connector_output.invalid_block_ids if \
                 merged.kv_connector_output else ():
             for req_id, request in requests.items():
@@ -303,10 +308,9 @@ def main(scenario):
         for req_id, tokens in phase.get("requests", {}).items():
             engine.add(req_id, tokens, phase.get("max_tokens", 2))
         engine.idle.append(engine.run())
-    saved = [sum(w.connector.mover.counters["save_keys"] for w in engine.workers)]
     for worker in engine.workers:
         worker.connector.shutdown()
-    report = {"requests": engine.seen, "idle": engine.idle, "saved_keys": saved[0],
+    report = {"requests": engine.seen, "idle": engine.idle, "stats": dict(engine.stats),
               "preemptions": engine.preemptions,
               "free_blocks": engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}
     print(json.dumps(report))

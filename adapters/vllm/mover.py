@@ -90,6 +90,13 @@ class KVMover:
             loaded, self._loaded = self._loaded, set()
         return saved, loaded
 
+    def take_counters(self):
+        """Keys and bytes loaded and saved (and keys that failed) since the
+        last call."""
+        with self._lock:
+            counters, self.counters = self.counters, collections.Counter()
+        return counters
+
     def load_errors(self):
         """Blocks that failed to load since the last call."""
         with self._lock:
@@ -132,7 +139,7 @@ class KVMover:
         return ptrs, [[self.layout.segment_bytes] * len(p) for p in ptrs]
 
     def _load(self, job):
-        bad = list(range(len(job.keys)))
+        bad, results = list(range(len(job.keys))), None
         try:
             ptrs, sizes = self._segments(job.block_ids)
             results = self.client.batch_get(job.keys, ptrs, sizes)
@@ -144,23 +151,26 @@ class KVMover:
                 self._loaded.add(job.req_id)
                 self.counters["load_keys"] += len(job.keys)
                 self.counters["load_failed_keys"] += len(bad)
+                self.counters["load_bytes"] += sum(r for r in results if r > 0) if results else 0
         if bad:
             log.warning("gdrkv: %d of %d keys of request %s did not load; vLLM recomputes "
                         "their %d blocks", len(bad), len(job.keys), job.req_id, len(failed))
 
     def _save(self, job):
-        failed = len(job.keys)
+        failed, stored = len(job.keys), 0
         try:
             if job.ready is not None:
                 job.ready()
             ptrs, sizes = self._segments(job.block_ids)
             results = self.client.batch_put(job.keys, ptrs, sizes)
             failed = sum(r < 0 for r in results)
+            stored = sum(sum(s) for r, s in zip(results, sizes) if r == 0)
         finally:
             with self._lock:
                 self._saving[job.req_id] -= 1
                 self.counters["save_keys"] += len(job.keys)
                 self.counters["save_failed_keys"] += failed
+                self.counters["save_bytes"] += stored
                 self._idle.notify_all()
         if failed:
             log.warning("gdrkv: %d of %d keys of request %s were not saved (a later miss)",

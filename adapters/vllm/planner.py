@@ -126,12 +126,18 @@ class Planner:
         plan.loads = list(self._pending_loads.values())
         self._pending_loads.clear()
         for new in out.scheduled_new_reqs:
-            request = self._requests.pop(new.req_id, None)
-            if request is None:
-                continue
-            tracked = _Tracked(request, list(new.block_ids[0]),
-                               new.num_computed_tokens // self.chunk_tokens)
-            self._tracked[new.req_id] = tracked
+            tracked = self._tracked.get(new.req_id)
+            if tracked is not None:
+                # Resumed after preemption (vLLM's v2 model runner lists it
+                # as new): new blocks; the chunks saved before stay saved.
+                tracked.block_ids = list(new.block_ids[0])
+            else:
+                request = self._requests.pop(new.req_id, None)
+                if request is None:
+                    continue
+                tracked = _Tracked(request, list(new.block_ids[0]),
+                                   new.num_computed_tokens // self.chunk_tokens)
+                self._tracked[new.req_id] = tracked
             self._save_computed(tracked, new.num_computed_tokens
                                 + out.num_scheduled_tokens[new.req_id], plan)
         cached = out.scheduled_cached_reqs

@@ -74,10 +74,10 @@ def run(args):
         with harness.server(server_args, flags, pretouch=True) as url:
             for per_key in BLOCKS_PER_KEY:
                 report["connector"].append(_save_load(torch, KVMover, url, transport, layout,
-                                                      saved, loaded, per_key))
+                                                      saved, loaded, per_key, args.conns))
             if transport == "shm":
                 report["interference"] = _interference(torch, KVMover, url, layout, saved,
-                                                       loaded)
+                                                       loaded, args.conns)
     print(_table(report), flush=True)
     if "interference" in report:
         print(_interference_table(report["interference"]), flush=True)
@@ -112,11 +112,12 @@ def _gather(torch, layout, blocks):
     return out
 
 
-def _save_load(torch, mover_class, url, transport, layout, saved, loaded, per_key):
+def _save_load(torch, mover_class, url, transport, layout, saved, loaded, per_key, conns):
     ns = f"bench-vllm-{os.getpid()}-{transport}-{per_key}"
     saves, loads = [], []
+    options = {"conns": conns} if conns else {}
     with Client(url, transport=transport.removesuffix(SINGLE_TENANT), namespace=ns,
-                timeout_ms=30000) as client:
+                timeout_ms=30000, **options) as client:
         mover = mover_class(client, layout)
         try:
             groups_saved, groups_loaded = _chunks(saved, per_key), _chunks(loaded, per_key)
@@ -143,7 +144,8 @@ def _save_load(torch, mover_class, url, transport, layout, saved, loaded, per_ke
             mover.close()
     save_s, load_s = statistics.median(saves), statistics.median(loads)
     nbytes = len(saved) * len(layout.planes) * layout.segment_bytes
-    return {"transport": transport, "blocks_per_key": per_key, "keys": len(_chunks(saved, per_key)),
+    return {"transport": transport, "blocks_per_key": per_key, "conns": conns,
+            "keys": len(_chunks(saved, per_key)),
             "save_ms": 1e3 * save_s, "load_ms": 1e3 * load_s,
             "save_gb_per_s": nbytes / save_s / 1e9, "load_gb_per_s": nbytes / load_s / 1e9,
             "byte_exact": exact}
@@ -172,14 +174,15 @@ def _ceilings(torch, layout, blocks, nbytes):
     return row
 
 
-def _interference(torch, mover_class, url, layout, saved, loaded):
+def _interference(torch, mover_class, url, layout, saved, loaded, conns):
     a = torch.empty(INTERFERENCE_BYTES, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     stream = torch.cuda.Stream()
     memory_bound(torch, a, b, stream, 10)
     alone = statistics.median(memory_bound(torch, a, b, stream, 100) for _ in range(3))
     ns = f"bench-vllm-intf-{os.getpid()}"
-    with Client(url, transport="shm", namespace=ns, timeout_ms=30000) as client:
+    options = {"conns": conns} if conns else {}
+    with Client(url, transport="shm", namespace=ns, timeout_ms=30000, **options) as client:
         mover = mover_class(client, layout)
         keys = [f"k{i}" for i in range(len(saved))]
         mover.save("s", keys, _chunks(saved, 1))
