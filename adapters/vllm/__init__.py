@@ -8,7 +8,7 @@
 kv_connector_extra_config takes url (default gdrkv://local), blocks_per_key
 (blocks per stored object, default 1), model (the name keys carry; default
 the served model name) and any gdrkv.Client option (namespace, transport,
-timeout_ms, conns, gpu_copy, token_file). docs/vllm.md has the rest.
+timeout_ms, conns, gpu_copy, token_file). configs/vllm/README.md has the rest.
 
 The connector imports vLLM; its data movement (kv_layout, mover) and
 planning (planner) do not, so they run and are tested without it.

@@ -1,4 +1,4 @@
-"""GdrkvStoreConnector: vLLM 0.33's KV connector over gdrkv (docs/vllm.md).
+"""GdrkvStoreConnector: vLLM 0.33's KV connector over gdrkv (configs/vllm/README.md).
 
     --kv-transfer-config '{"kv_connector": "GdrkvStoreConnector",
         "kv_connector_module_path": "gdrkv.adapters.vllm", "kv_role": "kv_both",
