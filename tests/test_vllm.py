@@ -113,6 +113,19 @@ def test_tp_ranks_store_their_shards_and_dp_replicas_share(vllm_python, server, 
     assert single["requests"]["c"]["external_tokens"] == (3 * BLOCK if mla else 0)
 
 
+def test_pipeline_stages_store_their_layers(vllm_python, server, ns):
+    """PP 2 x TP 2: four workers, each stage with its own layer; a hit needs
+    every stage's and rank's shard, and a PP 1 engine (other geometry)
+    misses."""
+    tokens = prompt(9, 3, extra=2)
+    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], tp=2, pp=2)
+    assert saver["stats"]["save_keys"] == 3 * 4
+    loader = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}], tp=2, pp=2)
+    assert loader["requests"]["b"]["loaded_exact"] == [True] * 3
+    flat = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}], tp=2)
+    assert flat["requests"]["c"]["external_tokens"] == 0
+
+
 def test_objects_of_several_blocks_skip_what_the_engine_holds(vllm_python, server, ns):
     """blocks_per_key 4: only whole chunks are stored and hit; a chunk the
     engine's own prefix cache holds part of is loaded around those blocks."""

@@ -79,6 +79,7 @@ def make_config(scenario):
             "batch_tokens", 4096), max_model_len=4096, enable_chunked_prefill=True,
             is_encoder_decoder=False),
         parallel_config=ParallelConfig(tensor_parallel_size=scenario.get("tp", 1),
+                                       pipeline_parallel_size=scenario.get("pp", 1),
                                        data_parallel_rank=scenario.get("dp_rank", 0)),
         kv_transfer_config=KVTransferConfig(
             kv_connector=scenario.get("connector", "GdrkvStoreConnector"),
@@ -87,7 +88,9 @@ def make_config(scenario):
             kv_load_failure_policy="recompute"))
 
 
-def make_kv_cache_config(scenario):
+def make_kv_cache_config(scenario, layers=range(LAYERS)):
+    """The KV cache of the given layers: all for the scheduler, a pipeline
+    stage's own for its workers."""
     if scenario.get("mla"):
         spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=24,
                                 dtype=torch.bfloat16)
@@ -95,12 +98,12 @@ def make_kv_cache_config(scenario):
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=8,
                                  dtype=torch.bfloat16)
     blocks = scenario.get("blocks", 128)
-    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+    names = [f"model.decoder.layers.{i}.self_attn.attn" for i in layers]
     page = spec.page_size_bytes
     # Layer-outermost (LBNHC): each layer's blocks in a region of their own.
-    return KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
-                         kv_cache_tensors=[KVCacheTensor(size=page * blocks * LAYERS,
-                                                         layers=layers, layer_stride=page * blocks,
+    return KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(names, spec)],
+                         kv_cache_tensors=[KVCacheTensor(size=page * blocks * len(names),
+                                                         layers=names, layer_stride=page * blocks,
                                                          block_stride=page)])
 
 
@@ -109,11 +112,15 @@ def block_bytes(block_hash, layer, rank, nbytes):
 
 
 class Worker:
-    """One TP rank: its connector, its KV tensors, its "forward"."""
+    """One rank (TP rank tp of pipeline stage pp): its connector, its KV
+    tensors (its stage's layers), its "forward"."""
 
-    def __init__(self, config, kv_cache_config, rank, mla):
-        config.parallel_config.rank = rank
-        self.rank = 0 if mla else rank
+    def __init__(self, config, scenario, tp, pp):
+        pc = config.parallel_config
+        pc.rank = pp * pc.tensor_parallel_size + tp
+        stage = LAYERS // pc.pipeline_parallel_size
+        kv_cache_config = make_kv_cache_config(scenario, range(pp * stage, (pp + 1) * stage))
+        self.shard = 0 if scenario.get("mla") else tp
         self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
                                                              kv_cache_config)
         self.kv = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout.LBNHC)
@@ -124,23 +131,23 @@ class Worker:
     def block(self, layer, block_id):
         """Block block_id of a layer as its bytes in memory order (vLLM's
         layouts permute the dimensions inside a block)."""
-        view = self.kv[self.layers[layer]][block_id]
+        view = self.kv[layer][block_id]
         storage = view.untyped_storage()
         raw = torch.empty(0, dtype=torch.uint8).set_(storage)
         offset = view.data_ptr() - storage.data_ptr()
         return raw[offset:offset + view.numel() * view.element_size()]
 
     def expected(self, block_hash, layer):
-        return block_bytes(block_hash, layer, self.rank, self.block(layer, 0).numel())
+        return block_bytes(block_hash, layer, self.shard, self.block(layer, 0).numel())
 
     def write_block(self, block_id, block_hash):
-        for layer in range(LAYERS):
+        for layer in self.layers:
             self.block(layer, block_id).copy_(
                 torch.frombuffer(bytearray(self.expected(block_hash, layer)), dtype=torch.uint8))
 
     def holds(self, block_id, block_hash):
         return all(bytes(self.block(layer, block_id).numpy()) == self.expected(block_hash, layer)
-                   for layer in range(LAYERS))
+                   for layer in self.layers)
 
     def execute(self, out, requests, block_ids):
         """One step: the connector's calls around the forward, as vLLM's
@@ -174,8 +181,9 @@ class Engine:
                                    log_stats=True,
                                    structured_output_manager=StructuredOutputManager(config),
                                    block_size=BLOCK)
-        self.workers = [Worker(config, kv_cache_config, rank, scenario.get("mla", False))
-                        for rank in range(config.parallel_config.tensor_parallel_size)]
+        pc = config.parallel_config
+        self.workers = [Worker(config, scenario, tp, pp) for pp in range(pc.pipeline_parallel_size)
+                        for tp in range(pc.tensor_parallel_size)]
         self.aggregator = KVOutputAggregator(expected_finished_count=len(self.workers))
         self.seen = {}
         self.breaks = None
