@@ -30,6 +30,8 @@ EVERY = {
     "rdma": "off",
     "shm_staging": "8MiB",
     "single_tenant": True,
+    "pool_file": "/dev/shm/gdrkv.pool",
+    "reset_pool_file": True,
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",
@@ -52,7 +54,8 @@ def test_every_flag_round_trips(tmp_path):
     path.write_text(toml(EVERY))
     assert printed("--config", str(path)) == EVERY
     # The file names every setting --print-config knows: none is missing.
-    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen"} == set(EVERY)
+    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen",
+                             "pool_file"} == set(EVERY)
 
 
 def test_flags_win_over_the_file(tmp_path):

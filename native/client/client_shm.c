@@ -2,7 +2,8 @@
  * client_shm.c - see client_shm.h.
  *
  * The mapping is read-only and the server sealed the memfd against writes
- * (pool.h), so nothing a client does through it can touch the store.
+ * (pool.h), so nothing a client does through it can touch the store. A
+ * pool file can't be sealed: it must be private to our user instead.
  */
 #include "client_shm.h"
 
@@ -161,6 +162,17 @@ static int sealed(int fd, int writable)
            (writable || (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)));
 }
 
+/* Whether fd is a server's pool file (--pool-file): a regular file of
+ * ours that no other user may write. Files can't be sealed, but then only
+ * our own user (and root) could shrink it under us, and our user can kill
+ * us anyway. */
+static int private_file(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+           !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
 /* The mapping of the pool behind pool_fd, shared with the endpoint's
  * other connections when they map the same memfd; referenced for the
  * caller. A single-tenant server's pool (writable) is mapped writable. */
@@ -170,8 +182,9 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
     struct stat st;
     struct client_pool *p = NULL, *old = NULL;
 
-    if (!sealed(pool_fd, writable)) {
-        GK_WARN("%s: its pool memfd is not sealed: not mapping it", ep->name);
+    if (!sealed(pool_fd, writable) && !private_file(pool_fd)) {
+        GK_WARN("%s: its pool is neither a sealed memfd nor a pool file of ours: not mapping it",
+                ep->name);
         return NULL;
     }
     /* The server may announce less than the file (hugepage rounding), never more. */

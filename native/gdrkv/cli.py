@@ -62,6 +62,14 @@ def main(argv=None):
                        help="local clients map the pool writable and copy PUT values straight "
                             "into their reservations: faster writes, but any local client of "
                             "this user can then overwrite any object")
+    serve.add_argument("--pool-file", metavar="PATH",
+                       help="keep the pool in PATH (on tmpfs such as /dev/shm, or hugetlbfs) "
+                            "and, when PATH holds the pool of an earlier server of the same "
+                            "--memory, serve its objects again: the cache survives a restart, "
+                            "a crash or kill -9 (not a reboot)")
+    serve.add_argument("--reset-pool-file", action="store_true",
+                       help="start the --pool-file empty whatever it holds (another size, "
+                            "another version, damaged)")
     serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
                        help="serve rdma clients: auto when a device is there (default), on "
                             "to require one")
@@ -131,6 +139,7 @@ def _serve(args):
                 unix_path=args.unix_path,
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
                 shm_staging=args.shm_staging, single_tenant=args.single_tenant,
+                pool_file=args.pool_file, reset_pool_file=args.reset_pool_file,
                 auth_token_file=args.auth_token_file,
                 insecure_no_auth=args.insecure_no_auth,
                 metrics_listen=args.metrics_listen) as server:

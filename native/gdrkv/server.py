@@ -39,6 +39,13 @@ class Server:
     straight into their reservations instead: one copy fewer, for a server
     whose local clients all trust each other (docs/transports.md).
 
+    pool_file: keep the pool in this file (on tmpfs or hugetlbfs) rather
+    than in memory that dies with the process: a server started on the file
+    an earlier one left (same memory size) serves every object that one
+    acknowledged, after a close, a crash or a SIGKILL. A file of another
+    size or version is refused unless reset_pool_file=True, which starts it
+    empty (docs/operations.md).
+
     rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
     or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.
 
@@ -59,7 +66,8 @@ class Server:
                  lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
                  insecure_no_auth=False, max_connections_per_peer=512,
                  idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None,
-                 drain_timeout_ms=5000, shm_staging="64MiB", single_tenant=False):
+                 drain_timeout_ms=5000, shm_staging="64MiB", single_tenant=False,
+                 pool_file=None, reset_pool_file=False):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -88,6 +96,10 @@ class Server:
             token_file_c = ffi.new("char[]", str(auth_token_file).encode())
             opts.auth_token_file = token_file_c
         opts.insecure_no_auth = bool(insecure_no_auth)
+        if pool_file:
+            pool_file_c = ffi.new("char[]", str(pool_file).encode())
+            opts.pool_file = pool_file_c
+        opts.reset_pool_file = bool(reset_pool_file)
         if metrics_listen:
             metrics_listen_c = ffi.new("char[]", metrics_listen.encode())
             opts.metrics_listen = metrics_listen_c

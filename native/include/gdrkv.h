@@ -81,6 +81,10 @@ typedef struct gdrkv_server_opts {
                                    PUT values straight into their reservations:
                                    only for a server whose clients all trust
                                    each other */
+    const char *pool_file;      /* back the pool by this file (tmpfs, hugetlbfs)
+                                   and serve again the objects a previous server
+                                   left in it (docs/operations.md); NULL = none */
+    int reset_pool_file;        /* start that file empty, whatever it holds */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);

@@ -84,6 +84,8 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "shm_staging_bytes must be at most 4GiB";
     else if (o->single_tenant < 0 || o->single_tenant > 1)
         bad = "single_tenant must be 0 or 1";
+    else if (o->reset_pool_file && !(o->pool_file && *o->pool_file))
+        bad = "reset_pool_file needs a pool_file";
     else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         bad = "unix_path is too long for a unix socket";
     if (bad)
@@ -254,6 +256,8 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         .high_watermark = opts->high_watermark,
         .low_watermark = opts->low_watermark,
         .writable_share = opts->single_tenant,
+        .pool_file = opts->pool_file && *opts->pool_file ? opts->pool_file : NULL,
+        .reset_pool_file = opts->reset_pool_file,
     };
     rc = store_open(&s->store, &so, err, errlen);
     if (rc) {

@@ -87,15 +87,23 @@ uint64_t alloc_capacity(const struct alloc *a)
     return (uint64_t)a->npages * ALLOC_PAGE_SIZE;
 }
 
-uint32_t alloc_nchunks(uint64_t size)
+uint32_t alloc_nchunks(uint64_t size, uint32_t first_hdr, uint32_t hdr)
 {
-    return (uint32_t)((size + ALLOC_PAGE_SIZE - 1) / ALLOC_PAGE_SIZE);
+    uint64_t first = ALLOC_PAGE_SIZE - first_hdr, rest = ALLOC_PAGE_SIZE - hdr;
+    if (size == 0)
+        return first_hdr ? 1 : 0;   /* an empty object still needs its header */
+    if (size <= first)
+        return 1;
+    return (uint32_t)(1 + (size - first + rest - 1) / rest);
 }
 
-uint64_t alloc_piece_len(uint64_t size, uint32_t i)
+uint64_t alloc_piece_len(uint64_t size, uint32_t first_hdr, uint32_t hdr, uint32_t i)
 {
-    uint64_t start = (uint64_t)i * ALLOC_PAGE_SIZE;
-    return GK_MIN(size - start, (uint64_t)ALLOC_PAGE_SIZE);
+    uint64_t first = ALLOC_PAGE_SIZE - first_hdr, rest = ALLOC_PAGE_SIZE - hdr;
+    if (i == 0)
+        return GK_MIN(size, first);
+    uint64_t start = first + (uint64_t)(i - 1) * rest;
+    return GK_MIN(size - start, rest);
 }
 
 /* Index of the smallest class whose chunks hold len bytes. */
@@ -118,10 +126,14 @@ uint32_t alloc_chunk_size(const struct alloc *a, uint64_t len)
     return a->classes[class_of(a, len)].size;
 }
 
-uint64_t alloc_footprint(const struct alloc *a, uint64_t size)
+uint64_t alloc_footprint(const struct alloc *a, uint64_t size, uint32_t first_hdr, uint32_t hdr)
 {
-    uint64_t whole = size / ALLOC_PAGE_SIZE * ALLOC_PAGE_SIZE;
-    return size == whole ? whole : whole + alloc_chunk_size(a, size - whole);
+    uint32_t n = alloc_nchunks(size, first_hdr, hdr);
+    if (n == 0)
+        return 0;
+    /* Every chunk but the last fills a page, headers included. */
+    uint64_t last = alloc_piece_len(size, first_hdr, hdr, n - 1) + (n == 1 ? first_hdr : hdr);
+    return (uint64_t)(n - 1) * ALLOC_PAGE_SIZE + alloc_chunk_size(a, last);
 }
 
 static uint64_t *page_bits(struct alloc *a, uint32_t p)
@@ -176,6 +188,13 @@ static int assign_page(struct alloc *a, uint32_t cls)
     a->pages[p].used = 0;
     a->pages[p].hint = 0;
     partial_push(a, cls, p);
+    if (a->page_tags) {
+        /* Wiped before the page table says where its chunks start. */
+        uint8_t *page = a->pool + (uint64_t)p * ALLOC_PAGE_SIZE;
+        for (uint32_t i = 0; i < per_page; i++)
+            memset(page + (uint64_t)i * a->classes[cls].size, 0, 8);
+        __atomic_store_n(&a->page_tags[p], cls + 1, __ATOMIC_RELEASE);
+    }
     return 0;
 }
 
@@ -188,6 +207,8 @@ static void release_page(struct alloc *a, uint32_t p)
     a->pages[p].next = a->free_head;
     a->free_head = p;
     a->free_pages++;
+    if (a->page_tags)
+        a->page_tags[p] = 0;
 }
 
 int alloc_get(struct alloc *a, uint64_t len, uint64_t *off)
@@ -237,4 +258,70 @@ void alloc_put(struct alloc *a, uint64_t off)
     a->used_bytes -= c->size;
     if (pg->used == 0)
         release_page(a, p);
+}
+
+/* ---------------------------------------------------------------- restart */
+
+int alloc_restore_claim(struct alloc *a, uint64_t off, uint64_t len)
+{
+    uint64_t p = off / ALLOC_PAGE_SIZE;
+    if (p >= a->npages || a->page_tags[p] == 0 || a->page_tags[p] > a->nclasses)
+        return -1;
+    uint32_t cls = a->page_tags[p] - 1;
+    struct alloc_class *c = &a->classes[cls];
+    struct alloc_page *pg = &a->pages[p];
+    if (off % ALLOC_PAGE_SIZE % c->size || len > c->size)
+        return -1;
+    uint64_t *bits = page_bits(a, (uint32_t)p);
+    if (pg->cls == ALLOC_NIL) {
+        /* First chunk claimed in this page: all of the class's chunks
+         * start free (the page is on no list until alloc_restore_done). */
+        memset(bits, 0xff, c->per_page / 64 * sizeof *bits);
+        if (c->per_page % 64)
+            bits[c->per_page / 64] = (1ull << (c->per_page % 64)) - 1;
+        pg->cls = cls;
+        pg->used = 0;
+        pg->hint = 0;
+    }
+    uint32_t idx = (uint32_t)(off % ALLOC_PAGE_SIZE / c->size);
+    uint64_t bit = 1ull << (idx % 64);
+    if (!(bits[idx / 64] & bit))
+        return -1;
+    bits[idx / 64] &= ~bit;
+    pg->used++;
+    a->used_bytes += c->size;
+    return 0;
+}
+
+void alloc_restore_unclaim(struct alloc *a, uint64_t off)
+{
+    uint32_t p = (uint32_t)(off / ALLOC_PAGE_SIZE);
+    struct alloc_page *pg = &a->pages[p];
+    struct alloc_class *c = &a->classes[pg->cls];
+    uint32_t idx = (uint32_t)(off % ALLOC_PAGE_SIZE / c->size);
+    page_bits(a, p)[idx / 64] |= 1ull << (idx % 64);
+    pg->used--;
+    a->used_bytes -= c->size;
+}
+
+void alloc_restore_done(struct alloc *a)
+{
+    a->free_head = ALLOC_NIL;
+    a->free_pages = 0;
+    /* Backwards, so that the lowest free page is handed out first. */
+    for (uint32_t p = a->npages; p-- > 0;) {
+        struct alloc_page *pg = &a->pages[p];
+        if (pg->cls != ALLOC_NIL && pg->used == 0) {
+            memset(page_bits(a, p), 0, bitmap_bytes(a->classes[pg->cls].per_page));
+            pg->cls = ALLOC_NIL;
+        }
+        if (pg->cls == ALLOC_NIL) {
+            pg->next = a->free_head;
+            a->free_head = p;
+            a->free_pages++;
+            a->page_tags[p] = 0;
+        } else if (pg->used < a->classes[pg->cls].per_page) {
+            partial_push(a, pg->cls, p);
+        }
+    }
 }

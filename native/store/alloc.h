@@ -13,7 +13,11 @@
  *
  * Every piece of bookkeeping lives on the heap, never in the pool: pool
  * memory is mapped by clients (shm, RDMA) and must only ever hold object
- * bytes. Offsets are relative to the start of the pool.
+ * bytes. The one exception is a pool file (persist.h): there each page's
+ * class also goes to the file's page table, and a page carved for a class
+ * has the first 8 bytes of each chunk zeroed, so no stale bytes at a chunk
+ * start pass for a header after a restart. Offsets are relative to the
+ * start of the pool.
  *
  * Not thread-safe: the store's lock covers it.
  */
@@ -52,6 +56,8 @@ struct alloc {
     uint32_t nclasses;
     struct alloc_class classes[ALLOC_MAX_CLASSES];
     uint64_t used_bytes;    /* class sizes of the chunks handed out */
+    uint32_t *page_tags;    /* a pool file's page table (class + 1, 0 = free), or NULL */
+    uint8_t *pool;          /* the pool, to wipe chunk starts; set with page_tags */
 };
 
 /* Manages capacity bytes (rounded down to whole pages). 0, or -1 when the
@@ -61,15 +67,18 @@ void alloc_destroy(struct alloc *a);
 
 uint64_t alloc_capacity(const struct alloc *a);
 
-/* How an object of size bytes is cut: the number of pieces, and the length
- * of piece i (every piece but the last is a whole page). */
-uint32_t alloc_nchunks(uint64_t size);
-uint64_t alloc_piece_len(uint64_t size, uint32_t i);
+/* How an object of size bytes is cut into chunks of at most a page when
+ * chunk 0 begins with first_hdr bytes of header and every other with hdr
+ * bytes (both 0 but in a pool file): the number of chunks, and the value
+ * bytes of chunk i (every chunk but the last is a whole page). */
+uint32_t alloc_nchunks(uint64_t size, uint32_t first_hdr, uint32_t hdr);
+uint64_t alloc_piece_len(uint64_t size, uint32_t first_hdr, uint32_t hdr, uint32_t i);
 
 /* Chunk size of the smallest class holding len bytes, 1 <= len <= page. */
 uint32_t alloc_chunk_size(const struct alloc *a, uint64_t len);
-/* Pool bytes an object of size bytes takes, class rounding included. */
-uint64_t alloc_footprint(const struct alloc *a, uint64_t size);
+/* Pool bytes an object of size bytes takes, headers (as for
+ * alloc_nchunks) and class rounding included. */
+uint64_t alloc_footprint(const struct alloc *a, uint64_t size, uint32_t first_hdr, uint32_t hdr);
 
 /* Hands out a chunk of at least len bytes (1 <= len <= page) at *off.
  * Returns -1 when the class has no free chunk and no page is free: the
@@ -77,5 +86,15 @@ uint64_t alloc_footprint(const struct alloc *a, uint64_t size);
 int alloc_get(struct alloc *a, uint64_t len, uint64_t *off);
 /* Gives back a chunk that alloc_get handed out. */
 void alloc_put(struct alloc *a, uint64_t off);
+
+/* Restart over a pool file, between alloc_init (with page_tags set) and the
+ * first alloc_get: alloc_restore_claim marks the chunk at off as handed out
+ * (-1 when the page table gives its page no class, off is not a chunk
+ * start of that class, the chunk is shorter than len, or it is taken);
+ * alloc_restore_unclaim takes one back; alloc_restore_done frees every page
+ * with no chunk claimed and builds the free lists. */
+int alloc_restore_claim(struct alloc *a, uint64_t off, uint64_t len);
+void alloc_restore_unclaim(struct alloc *a, uint64_t off);
+void alloc_restore_done(struct alloc *a);
 
 #endif

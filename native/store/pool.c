@@ -10,11 +10,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/memfd.h>   /* before sys/mman.h: MFD_HUGE_2MB */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -56,18 +60,24 @@ struct touch_range {
     volatile uint8_t *start;
     uint64_t len;
     uint64_t step;
+    int read;
 };
 
 static void *touch_range(void *arg)
 {
     const struct touch_range *r = arg;
-    for (uint64_t off = 0; off < r->len; off += r->step)
-        r->start[off] = 0;
+    for (uint64_t off = 0; off < r->len; off += r->step) {
+        if (r->read)
+            (void)r->start[off];
+        else
+            r->start[off] = 0;
+    }
     return NULL;
 }
 
 /* A write per page, not a read: reading shmem could map pages without
- * giving them their own memory. */
+ * giving them their own memory. A pool file's pages all exist already
+ * (allocated at creation) and may hold objects: those are read. */
 static void pretouch(struct pool *p)
 {
     uint64_t step = p->hugepages ? POOL_HUGE_PAGE : (uint64_t)sysconf(_SC_PAGESIZE);
@@ -83,7 +93,8 @@ static void pretouch(struct pool *p)
     uint64_t first = 0;
     for (uint64_t t = 0; t < nthreads; t++) {
         uint64_t end = pages * (t + 1) / nthreads;
-        ranges[t] = (struct touch_range){p->base + first * step, (end - first) * step, step};
+        ranges[t] = (struct touch_range){p->base + first * step, (end - first) * step, step,
+                                         p->file};
         first = end;
     }
     /* The calling thread takes range 0, and any range a thread can't be
@@ -105,7 +116,7 @@ static void make_shareable(struct pool *p, int writable)
     char path[64];
     int seals = F_SEAL_SHRINK | F_SEAL_GROW | (writable ? 0 : F_SEAL_FUTURE_WRITE);
 
-    if (fcntl(p->fd, F_ADD_SEALS, seals) != 0) {
+    if (!p->file && fcntl(p->fd, F_ADD_SEALS, seals) != 0) {
         GK_WARN("pool: cannot seal the memfd (%s); the shm transport is off", strerror(errno));
         return;
     }
@@ -117,18 +128,100 @@ static void make_shareable(struct pool *p, int writable)
         GK_WARN("pool: single-tenant mode: local clients map the pool writable");
 }
 
-int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
-              int writable_share, char *err, size_t errlen)
+/* Opens (creating it 0600 if absent) and locks the pool file; refuses one
+ * that is not a regular file of ours private to us, or is in use. */
+static int open_pool_file(const char *path, struct stat *st, char *err, size_t errlen)
 {
-    memset(p, 0, sizeof *p);
-    p->fd = p->share_fd = -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open the pool file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    const char *bad = NULL;
+    if (fstat(fd, st) != 0)
+        bad = strerror(errno);
+    else if (!S_ISREG(st->st_mode))
+        bad = "not a regular file";
+    else if (st->st_uid != geteuid())
+        bad = "it belongs to another user";
+    else if (st->st_mode & 077)
+        bad = "other users may open it (chmod 600 it)";
+    else if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        bad = errno == EWOULDBLOCK ? "another gdrkv server is using it" : strerror(errno);
+    if (bad) {
+        snprintf(err, errlen, "the pool file %s: %s", path, bad);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
 
+static int map_file(struct pool *p, const struct pool_opts *o, char *err, size_t errlen)
+{
+    struct stat st;
+    struct statfs fs;
+    int fd = open_pool_file(o->path, &st, err, errlen);
+    if (fd < 0)
+        return -1;
+    p->fd = fd;
+    p->file = 1;
+    p->size = o->size;
+    p->map_len = o->file_len;
+    p->hugepages = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+    if (o->hugepages > 0 && !p->hugepages) {
+        snprintf(err, errlen, "hugepages required but the pool file %s is not on hugetlbfs",
+                 o->path);
+        return -1;
+    }
+    if (!p->hugepages && !(fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC))
+        GK_WARN("pool: %s is on neither tmpfs nor hugetlbfs: the pool lives in the page cache "
+                "of a disk, written back behind the server's back", o->path);
+
+    if ((uint64_t)st.st_size != o->file_len && st.st_size != 0 && !o->reset) {
+        snprintf(err, errlen, "the pool file %s has %llu bytes where this pool needs %llu: "
+                 "start with the memory it was made with, or reset it", o->path,
+                 (unsigned long long)st.st_size, (unsigned long long)o->file_len);
+        return -1;
+    }
+    p->fresh = (uint64_t)st.st_size != o->file_len || o->reset;
+    if (p->fresh) {
+        /* Emptied, then all its space allocated now: a full tmpfs fails
+         * here rather than with SIGBUS on some later write. */
+        int rc = ftruncate(fd, 0) == 0 && ftruncate(fd, (off_t)o->file_len) == 0 ? 0 : errno;
+        if (!rc)
+            rc = fallocate(fd, 0, 0, (off_t)o->file_len) == 0 ? 0 : errno;
+        if (rc == EOPNOTSUPP) {
+            GK_WARN("pool: %s can't preallocate its space: a full filesystem would mean SIGBUS",
+                    o->path);
+            rc = 0;
+        }
+        if (rc) {
+            snprintf(err, errlen, "cannot make the pool file %s %llu MiB: %s", o->path,
+                     (unsigned long long)(o->file_len >> 20), strerror(rc));
+            (void)!ftruncate(fd, 0);
+            return -1;
+        }
+    }
+    void *base = mmap(NULL, o->file_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map the pool file %s: %s", o->path, strerror(errno));
+        return -1;
+    }
+    p->base = base;
+    if (!p->hugepages)
+        madvise(p->base, p->map_len, MADV_HUGEPAGE);
+    return 0;
+}
+
+static int map_anonymous(struct pool *p, const struct pool_opts *o, char *err, size_t errlen)
+{
+    uint64_t size = o->size;
     int rc = -1;
-    if (hugepages != 0) {
+    if (o->hugepages != 0) {
         rc = map_memfd(p, size, 1);
-        if (rc != 0 && hugepages < 0)
+        if (rc != 0 && o->hugepages < 0)
             GK_INFO("no hugetlb pool (%s); falling back to normal pages", strerror(-rc));
-        if (rc != 0 && hugepages > 0) {
+        if (rc != 0 && o->hugepages > 0) {
             snprintf(err, errlen,
                      "hugepages required but a %llu MiB hugetlb pool failed: %s "
                      "(reserve 2 MiB pages with sysctl vm.nr_hugepages)",
@@ -145,20 +238,38 @@ int pool_open(struct pool *p, uint64_t size, int hugepages, int pretouch_pages,
         }
         madvise(p->base, p->map_len, MADV_HUGEPAGE);
     }
-    GK_INFO("pool: %llu MiB on %s pages%s", (unsigned long long)(size >> 20),
+    return 0;
+}
+
+int pool_open(struct pool *p, const struct pool_opts *o, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    p->fd = p->share_fd = -1;
+
+    if ((o->path ? map_file(p, o, err, errlen) : map_anonymous(p, o, err, errlen)) != 0) {
+        pool_close(p);
+        return -1;
+    }
+    uint64_t size = o->size;
+    GK_INFO("pool: %llu MiB on %s pages%s%s%s", (unsigned long long)(size >> 20),
             p->hugepages ? "2 MiB hugetlb" : "normal (THP advised)",
-            pretouch_pages ? ", pretouching" : "");
-    if (pretouch_pages) {
+            o->path ? " in " : "", o->path ? o->path : "",
+            o->pretouch ? ", pretouching" : "");
+    if (o->pretouch) {
         uint64_t start = gk_now_ns();
         pretouch(p);
         GK_INFO("pool: pretouched in %llu ms", (unsigned long long)((gk_now_ns() - start) / 1000000));
     }
-    make_shareable(p, writable_share);
+    make_shareable(p, o->writable_share);
     return 0;
 }
 
 void pool_close(struct pool *p)
 {
+    /* A pool file on a disk gets its pages written back now; on tmpfs and
+     * hugetlbfs this costs nothing. */
+    if (p->base && p->file)
+        msync(p->base, p->map_len, MS_SYNC);
     if (p->base)
         munmap(p->base, p->map_len);
     if (p->share_fd >= 0)

@@ -14,6 +14,10 @@
  * watermarks. Pinned objects are skipped, and reserved ones are not on the
  * list at all.
  *
+ * A pool file (persist.h) adds headers in the pool: written at
+ * reservation, marked by commit, unmarked by unlink, and read back by
+ * store_open after a restart. Without one, headers take no room.
+ *
  * Locking: one mutex for the whole store, taken once per batch call. A batch
  * carries up to GK_MAX_KEYS keys, so the lock is paid once per batch rather
  * than per key, and what it covers is pointer and counter updates only: the
@@ -29,8 +33,12 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "common/common.h"
+#include "common/grow.h"
+#include "common/log.h"
 #include "gdrkv.h"
 #include "index.h"
+#include "persist.h"
 #include "pool.h"
 
 /* Objects one batch of reservations may look at while evicting, over all
@@ -94,8 +102,9 @@ struct store_obj {
     uint64_t size;
     uint32_t pins;
     uint32_t nchunks;           /* chunks held; all of them once reserved */
+    uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
     enum obj_state state;
-    struct store_chunk chunks[]; /* then the key bytes */
+    struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
 
 struct store {
@@ -110,6 +119,8 @@ struct store {
     uint64_t last_ns_id;
     uint64_t high_bytes, low_bytes;
     int draining;               /* above high, not yet back to low */
+    uint32_t piece_hdr;         /* header bytes before chunks[1..]: 0 without a pool file */
+    uint64_t commit_seq;        /* a pool file's last commit */
     struct store_stats st;      /* pool_* and hugepages filled in on read */
 };
 
@@ -170,9 +181,32 @@ static int key_ok(const struct gk_entry *e)
     return e->key && e->key_len >= 1 && e->key_len <= GK_MAX_KEY_LEN;
 }
 
-static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e)
+/* How many chunks an object of e's size takes, and its head's length (0
+ * without a pool file, whose heads hold the piece list, so each depends on
+ * the other: the loop settles in two or three rounds). */
+static uint32_t obj_cut(const struct store *s, uint32_t ns_len, const struct gk_entry *e,
+                        uint32_t *head_len)
 {
-    uint32_t nchunks = alloc_nchunks(e->size);
+    uint32_t n = 1, prev;
+    *head_len = 0;
+    if (!s->piece_hdr)
+        return alloc_nchunks(e->size, 0, 0);
+    do {
+        prev = n;
+        *head_len = persist_head_len(ns_len, e->key_len, n);
+        n = alloc_nchunks(e->size, *head_len, s->piece_hdr);
+    } while (n != prev);
+    return n;
+}
+
+static uint32_t chunk_hdr(const struct store *s, const struct store_obj *o, uint32_t i)
+{
+    return i == 0 ? o->head_len : s->piece_hdr;
+}
+
+static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
+                                 uint32_t nchunks, uint32_t head_len)
+{
     struct store_obj *o = malloc(sizeof *o + nchunks * sizeof o->chunks[0] + e->key_len);
     if (!o)
         return NULL;
@@ -188,14 +222,21 @@ static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const str
     o->size = e->size;
     o->pins = 0;
     o->nchunks = 0;
+    o->head_len = head_len;
     o->state = OBJ_RESERVED;
     return o;
 }
 
+static uint64_t obj_head_off(const struct store_obj *o) { return o->chunks[0].off - o->head_len; }
+
 static void obj_free(struct store *s, struct store_obj *o)
 {
+    /* A pool file's head goes with its object, so a restart counts only
+     * the writes a kill cut short as dropped. */
+    if (s->piece_hdr && o->nchunks)
+        persist_forget(s->pool.base, obj_head_off(o));
     for (uint32_t i = 0; i < o->nchunks; i++)
-        alloc_put(&s->alloc, o->chunks[i].off);
+        alloc_put(&s->alloc, o->chunks[i].off - chunk_hdr(s, o, i));
     free(o);
 }
 
@@ -221,6 +262,8 @@ static int32_t find_committed(struct store *s, const struct store_ns *ns,
     return 0;
 }
 
+/* Makes a reserved object readable (in memory: the caller marks a pool
+ * file's head). */
 static void obj_commit(struct store *s, struct store_obj *o)
 {
     assert(o->state == OBJ_RESERVED);
@@ -231,7 +274,6 @@ static void obj_commit(struct store *s, struct store_obj *o)
     s->st.reserved_objects--;
     s->st.objects++;
     s->st.object_bytes += o->size;
-    s->st.puts++;
 }
 
 /* Takes o out of the index, the LRU and its namespace, and frees it unless
@@ -243,6 +285,9 @@ static void obj_unlink(struct store *s, struct store_obj *o)
     index_remove(&s->objects, &o->node);
     dlink_remove(&o->ns_link);
     if (o->state == OBJ_COMMITTED) {
+        /* Before anything else may reuse the key or the chunks. */
+        if (s->piece_hdr)
+            persist_uncommit(s->pool.base, obj_head_off(o));
         dlink_remove(&o->lru);
         o->ns->objects--;
         o->ns->bytes -= o->size;
@@ -315,19 +360,167 @@ static int evict_lru(struct store *s, uint32_t *scan_left)
     return 0;
 }
 
+/* A pool file's headers of a reserved object that has all its chunks:
+ * the pieces', then the head that lists them (uncommitted). */
+static void write_headers(struct store *s, const struct store_obj *o)
+{
+    uint8_t *pool = s->pool.base;
+    uint64_t head = obj_head_off(o);
+    uint8_t *offs = persist_head_offsets(pool, head);
+    for (uint32_t i = 1; i < o->nchunks; i++) {
+        uint64_t piece = o->chunks[i].off - s->piece_hdr;
+        persist_write_piece(pool, piece, head, i);
+        gk_store64(offs + 8ull * (i - 1), piece);
+    }
+    struct persist_head h = {
+        .size = o->size, .head_len = o->head_len, .npieces = o->nchunks,
+        .ns = o->ns->name, .ns_len = o->ns->node.key_len,
+        .key = o->node.key, .key_len = o->node.key_len,
+        .piece_offs = offs,
+    };
+    persist_write_head(pool, head, &h);
+}
+
 /* Gives o all its chunks, evicting while the allocator is out of room,
  * within the batch's *scan_left. On failure o keeps the chunks it got
  * (o->nchunks) for obj_unlink to free. */
 static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left)
 {
-    uint32_t want = alloc_nchunks(o->size);
+    uint32_t want = alloc_nchunks(o->size, o->head_len, s->piece_hdr);
     while (o->nchunks < want) {
-        uint64_t len = alloc_piece_len(o->size, o->nchunks), off;
-        if (alloc_get(&s->alloc, len, &off) == 0)
-            o->chunks[o->nchunks++] = (struct store_chunk){off, len};
+        uint32_t hdr = chunk_hdr(s, o, o->nchunks);
+        uint64_t len = alloc_piece_len(o->size, o->head_len, s->piece_hdr, o->nchunks), off;
+        if (alloc_get(&s->alloc, hdr + len, &off) == 0)
+            o->chunks[o->nchunks++] = (struct store_chunk){off + hdr, len};
         else if (!evict_lru(s, scan_left))
             return -1;
     }
+    if (s->piece_hdr)
+        write_headers(s, o);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- restart */
+
+/* Re-creates the committed object whose head h is at off, claiming its
+ * chunks. -1, with nothing kept, when any part of it does not hold
+ * together: a state no server leaves, so some bytes are not what they seem. */
+static int restore_one(struct store *s, uint64_t off, const struct persist_head *h,
+                       struct store_obj **out)
+{
+    struct gk_entry e = {.key = h->key, .key_len = h->key_len, .size = h->size};
+    struct gk_ns name = {.name = h->ns, .len = h->ns_len};
+    struct store_ns *ns;
+    uint32_t head_len;
+
+    if (!key_ok(&e) || !ns_name_ok(&name) || h->size > GK_MAX_OBJECT ||
+        obj_cut(s, h->ns_len, &e, &head_len) != h->npieces || head_len != h->head_len)
+        return -1;
+    if ((ns = ns_find(s, &name)) && obj_find(s, ns, &e))
+        return -1;
+    if (!ns && !(ns = ns_create(s, &name)))
+        return -1;
+    struct store_obj *o = obj_new(s, ns, &e, h->npieces, head_len);
+    int ok = o != NULL;
+    for (uint32_t i = 0; ok && i < h->npieces; i++) {
+        uint64_t raw = i ? gk_load64(h->piece_offs + 8ull * (i - 1)) : off;
+        uint32_t hdr = chunk_hdr(s, o, i);
+        uint64_t len = alloc_piece_len(h->size, head_len, s->piece_hdr, i);
+        ok = alloc_restore_claim(&s->alloc, raw, hdr + len) == 0;
+        if (ok)
+            o->chunks[o->nchunks++] = (struct store_chunk){raw + hdr, len};
+        ok = ok && (i == 0 || persist_piece_ok(s->pool.base, raw, off, i));
+    }
+    if (!ok) {
+        for (uint32_t i = 0; o && i < o->nchunks; i++)
+            alloc_restore_unclaim(&s->alloc, o->chunks[i].off - chunk_hdr(s, o, i));
+        free(o);
+        ns_drop_if_empty(s, ns);
+        return -1;
+    }
+    index_insert(&s->objects, &o->node);
+    dlink_push_head(&ns->objs, &o->ns_link);
+    s->st.reserved_objects++;
+    obj_commit(s, o);
+    *out = o;
+    return 0;
+}
+
+struct restored {
+    uint64_t seq;
+    struct store_obj *obj;
+};
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = ((const struct restored *)a)->seq, y = ((const struct restored *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* Finds every committed head at the chunk starts of the pages the page
+ * table gives a class, and rebuilds index, allocator and LRU (in commit
+ * order: the oldest writes are evicted first) from them. */
+static void restore_objects(struct store *s)
+{
+    uint64_t start = gk_now_ns();
+    const uint32_t *tags = s->alloc.page_tags;
+    struct restored *list = NULL;
+    uint32_t cap = 0, n = 0;
+
+    for (uint32_t p = 0; p < s->alloc.npages; p++) {
+        if (tags[p] == 0 || tags[p] > s->alloc.nclasses)
+            continue;
+        const struct alloc_class *c = &s->alloc.classes[tags[p] - 1];
+        for (uint32_t j = 0; j < c->per_page; j++) {
+            uint64_t off = (uint64_t)p * ALLOC_PAGE_SIZE + (uint64_t)j * c->size;
+            struct persist_head h;
+            struct store_obj *o;
+            if (!persist_is_head(s->pool.base, off))
+                continue;
+            if (persist_read_head(s->pool.base, off, c->size, &h) &&
+                gk_grow(&list, &cap, n + 1, sizeof *list, 1024) == 0 &&
+                restore_one(s, off, &h, &o) == 0)
+                list[n++] = (struct restored){h.seq, o};
+            else
+                s->st.restore_dropped++;
+        }
+    }
+    alloc_restore_done(&s->alloc);
+
+    qsort(list, n, sizeof *list, by_seq);
+    dlink_init(&s->lru);
+    for (uint32_t i = 0; i < n; i++)
+        dlink_push_head(&s->lru, &list[i].obj->lru);
+    s->commit_seq = n ? list[n - 1].seq : 0;
+    s->st.restored_objects = n;
+    free(list);
+    GK_INFO("pool: re-attached %u objects (%llu MiB) in %llu ms; %llu heads dropped "
+            "(writes cut short)", n, (unsigned long long)(s->st.object_bytes >> 20),
+            (unsigned long long)((gk_now_ns() - start) / 1000000),
+            (unsigned long long)s->st.restore_dropped);
+}
+
+/* Formats a fresh pool file, or checks an existing one and re-attaches its
+ * objects. From here on the store writes headers. */
+static int attach_pool_file(struct store *s, const char *path, char *err, size_t errlen)
+{
+    uint64_t capacity = alloc_capacity(&s->alloc);
+    uint8_t *meta = s->pool.base + persist_meta_off(capacity);
+    char why[200];
+
+    if (!s->pool.fresh && persist_check(meta, capacity, &s->alloc, why, sizeof why) != 0) {
+        snprintf(err, errlen, "the pool file %s: %s: start with the memory it was made with, "
+                 "or reset it", path, why);
+        return -1;
+    }
+    if (s->pool.fresh)
+        persist_format(meta, capacity, &s->alloc);
+    s->alloc.page_tags = persist_page_table(meta);
+    s->alloc.pool = s->pool.base;
+    s->piece_hdr = PERSIST_PIECE_HDR;
+    s->st.pool_file = 1;
+    if (!s->pool.fresh)
+        restore_objects(s);
     return 0;
 }
 
@@ -358,16 +551,25 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
     dlink_init(&s->ns_list);
     dlink_init(&s->lru);
     dlink_init(&s->zombies);
-    if (pool_open(&s->pool, capacity, opts->hugepages, opts->pretouch, opts->writable_share, err,
-                  errlen) != 0) {
-        pthread_mutex_destroy(&s->lock);
-        free(s);
-        return GDRKV_E_INTERNAL;
-    }
+    s->pool.fd = s->pool.share_fd = -1;
     if (alloc_init(&s->alloc, capacity) != 0 ||
         index_init(&s->objects, STORE_INDEX_BUCKETS) != 0 ||
         index_init(&s->namespaces, 0) != 0) {
         snprintf(err, errlen, "out of memory for the store's bookkeeping");
+        store_close(s);
+        return GDRKV_E_INTERNAL;
+    }
+    struct pool_opts po = {
+        .size = capacity,
+        .path = opts->pool_file,
+        .file_len = persist_meta_off(capacity) + persist_meta_len(capacity),
+        .reset = opts->reset_pool_file,
+        .hugepages = opts->hugepages,
+        .pretouch = opts->pretouch,
+        .writable_share = opts->writable_share,
+    };
+    if (pool_open(&s->pool, &po, err, errlen) != 0 ||
+        (opts->pool_file && attach_pool_file(s, opts->pool_file, err, errlen) != 0)) {
         store_close(s);
         return GDRKV_E_INTERNAL;
     }
@@ -417,7 +619,8 @@ int store_pool_fd(struct store *s) { return s->pool.share_fd; }
 
 const struct store_chunk *store_obj_chunks(const struct store_obj *o, uint32_t *nchunks)
 {
-    *nchunks = o->nchunks;
+    /* An empty object in a pool file has a chunk for its head alone. */
+    *nchunks = o->size ? o->nchunks : 0;
     return o->chunks;
 }
 
@@ -492,9 +695,14 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
 {
     struct store_obj *found;
 
+    uint32_t head_len, nchunks;
+
     if (!key_ok(e))
         return GDRKV_E_INVALID;
-    if (e->size > GK_MAX_OBJECT || alloc_footprint(&s->alloc, e->size) > alloc_capacity(&s->alloc))
+    if (e->size > GK_MAX_OBJECT)
+        return GDRKV_E_TOO_LARGE;
+    nchunks = obj_cut(s, ns->len, e, &head_len);
+    if (alloc_footprint(&s->alloc, e->size, head_len, s->piece_hdr) > alloc_capacity(&s->alloc))
         return GDRKV_E_TOO_LARGE;
     if (!*space && !(*space = ns_create(s, ns)))
         return GDRKV_E_INTERNAL;
@@ -507,7 +715,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         return STORE_PRESENT;
     }
 
-    struct store_obj *o = obj_new(s, *space, e);
+    struct store_obj *o = obj_new(s, *space, e, nchunks, head_len);
     if (!o) {
         if (ns_drop_if_empty(s, *space))
             *space = NULL;
@@ -548,8 +756,12 @@ void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
     pthread_mutex_lock(&s->lock);
     for (uint32_t i = 0; i < n; i++) {
-        if (objs[i])
-            obj_commit(s, objs[i]);
+        if (!objs[i])
+            continue;
+        obj_commit(s, objs[i]);
+        if (s->piece_hdr)
+            persist_commit(s->pool.base, obj_head_off(objs[i]), ++s->commit_seq);
+        s->st.puts++;
     }
     pthread_mutex_unlock(&s->lock);
 }

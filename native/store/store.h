@@ -30,6 +30,9 @@ struct store_opts {
     double high_watermark;  /* store_maintain() evicts when pool use is above... */
     double low_watermark;   /* ...down to this */
     int writable_share;     /* local clients may map the pool writable (pool.h) */
+    const char *pool_file;  /* back the pool by this file and re-attach the objects
+                               it holds (persist.h); NULL = a memfd */
+    int reset_pool_file;    /* start that file empty whatever it holds */
 };
 
 /* One contiguous piece of an object inside the pool. */
@@ -57,7 +60,10 @@ struct store_chunk {
     X(evicted_bytes, COUNTER, "bytes of the objects evicted")                        \
     X(deletes, COUNTER, "objects deleted")                                           \
     X(namespaces, GAUGE, "namespaces with objects")                                  \
-    X(hugepages, GAUGE, "whether the pool got hugepages (0 or 1)")
+    X(hugepages, GAUGE, "whether the pool got hugepages (0 or 1)")                   \
+    X(pool_file, GAUGE, "whether the pool is a file that outlives the server (0 or 1)") \
+    X(restored_objects, GAUGE, "objects re-attached from the pool file at start")    \
+    X(restore_dropped, GAUGE, "heads in the pool file not served: uncommitted or torn")
 
 struct store_stats {
 #define STORE_STATS_FIELD(name, kind, help) uint64_t name;

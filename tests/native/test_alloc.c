@@ -42,23 +42,36 @@ static void test_object_pieces(void)
 {
     struct alloc a;
     CHECK(alloc_init(&a, 4ull * PAGE) == 0, "init");
-    CHECK_EQ(alloc_nchunks(0), 0);
-    CHECK_EQ(alloc_nchunks(1), 1);
-    CHECK_EQ(alloc_nchunks(PAGE), 1);
-    CHECK_EQ(alloc_nchunks(PAGE + 1), 2);
-    CHECK_EQ(alloc_nchunks(3ull * PAGE + 5), 4);
+    CHECK_EQ(alloc_nchunks(0, 0, 0), 0);
+    CHECK_EQ(alloc_nchunks(1, 0, 0), 1);
+    CHECK_EQ(alloc_nchunks(PAGE, 0, 0), 1);
+    CHECK_EQ(alloc_nchunks(PAGE + 1, 0, 0), 2);
+    CHECK_EQ(alloc_nchunks(3ull * PAGE + 5, 0, 0), 4);
 
     uint64_t size = 2ull * PAGE + PAGE / 2;
-    CHECK_EQ(alloc_nchunks(size), 3);
-    CHECK_EQ(alloc_piece_len(size, 0), PAGE);
-    CHECK_EQ(alloc_piece_len(size, 1), PAGE);
-    CHECK_EQ(alloc_piece_len(size, 2), PAGE / 2);
+    CHECK_EQ(alloc_nchunks(size, 0, 0), 3);
+    CHECK_EQ(alloc_piece_len(size, 0, 0, 0), PAGE);
+    CHECK_EQ(alloc_piece_len(size, 0, 0, 1), PAGE);
+    CHECK_EQ(alloc_piece_len(size, 0, 0, 2), PAGE / 2);
 
-    CHECK_EQ(alloc_footprint(&a, 0), 0);
-    CHECK_EQ(alloc_footprint(&a, 1), 64);
-    CHECK_EQ(alloc_footprint(&a, PAGE), PAGE);
-    CHECK_EQ(alloc_footprint(&a, 3ull * PAGE + 5), 3ull * PAGE + 64);
-    CHECK_EQ(alloc_footprint(&a, PAGE + PAGE / 2 + 1), 2ull * PAGE);
+    CHECK_EQ(alloc_footprint(&a, 0, 0, 0), 0);
+    CHECK_EQ(alloc_footprint(&a, 1, 0, 0), 64);
+    CHECK_EQ(alloc_footprint(&a, PAGE, 0, 0), PAGE);
+    CHECK_EQ(alloc_footprint(&a, 3ull * PAGE + 5, 0, 0), 3ull * PAGE + 64);
+    CHECK_EQ(alloc_footprint(&a, PAGE + PAGE / 2 + 1, 0, 0), 2ull * PAGE);
+
+    /* With a pool file's headers: 256 bytes before chunk 0, 64 before the others. */
+    CHECK_EQ(alloc_nchunks(0, 256, 64), 1);
+    CHECK_EQ(alloc_nchunks(PAGE - 256, 256, 64), 1);
+    CHECK_EQ(alloc_nchunks(PAGE - 255, 256, 64), 2);
+    size = 2ull * PAGE;
+    CHECK_EQ(alloc_nchunks(size, 256, 64), 3);
+    CHECK_EQ(alloc_piece_len(size, 256, 64, 0), PAGE - 256);
+    CHECK_EQ(alloc_piece_len(size, 256, 64, 1), PAGE - 64);
+    CHECK_EQ(alloc_piece_len(size, 256, 64, 2), 256 + 64);
+    CHECK_EQ(alloc_footprint(&a, size, 256, 64), 2ull * PAGE + alloc_chunk_size(&a, 384));
+    CHECK_EQ(alloc_footprint(&a, 0, 256, 64), 256);
+    CHECK_EQ(alloc_footprint(&a, 4096, 256, 64), alloc_chunk_size(&a, 4096 + 256));
     alloc_destroy(&a);
 }
 

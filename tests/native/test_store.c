@@ -1,7 +1,8 @@
 /*
  * test_store.c - the store: options, put/get through the pool, put-if-absent,
  * reservations, pins, deferred frees, LRU eviction, namespaces, watermarks,
- * limits, a randomized churn checked against a shadow model, and a few
+ * limits, a randomized churn checked against a shadow model (also over a
+ * pool file, restarted as it goes), restarts over a pool file, and a few
  * threads hammering one store.
  */
 #include <math.h>
@@ -13,7 +14,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include "store/alloc.h"
+#include "store/persist.h"
 #include "check.h"
 #include "common/common.h"
 #include "gdrkv.h"
@@ -35,6 +40,32 @@ static struct store *open_store_wm(uint64_t memory, double high, double low)
 }
 
 static struct store *open_store(uint64_t memory) { return open_store_wm(memory, 1.0, 0.9); }
+
+/* A pool file per test process, on tmpfs. */
+static const char *pool_path(void)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/dev/shm/gdrkv-test-store-%d.pool", (int)getpid());
+    return path;
+}
+
+static int try_open_file(struct store **s, uint64_t memory, int reset, double high, double low,
+                         char *err, size_t errlen)
+{
+    struct store_opts opts = {.memory_bytes = memory, .high_watermark = high,
+                              .low_watermark = low, .pool_file = pool_path(),
+                              .reset_pool_file = reset};
+    return store_open(s, &opts, err, errlen);
+}
+
+static struct store *open_file_wm(uint64_t memory, double high, double low)
+{
+    struct store *s;
+    char err[256] = "";
+    int rc = try_open_file(&s, memory, 0, high, low, err, sizeof err);
+    CHECK(rc == 0, "store_open over %s: %s", pool_path(), err);
+    return s;
+}
 
 static struct gk_ns ns_of(const char *name)
 {
@@ -93,7 +124,7 @@ static void check_bytes(struct store *s, const struct store_obj *o, uint64_t tag
             CHECK_EQ(p[probes[k]], fill_byte(tag, i));
     }
     CHECK_EQ(total, store_obj_size(o));
-    CHECK_EQ(n, alloc_nchunks(store_obj_size(o)));
+    CHECK(n >= alloc_nchunks(store_obj_size(o), 0, 0), "too few chunks");
 }
 
 static int32_t reserve1(struct store *s, const char *ns, const char *key, uint64_t size,
@@ -273,7 +304,7 @@ static void test_roundtrip_sizes(void)
     for (size_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
         CHECK_EQ(put(s, "ns", key_n(key, sizeof key, (int)i), sizes[i], 100 + i), 0);
         bytes += sizes[i];
-        footprint += alloc_footprint(&shape, sizes[i]);
+        footprint += alloc_footprint(&shape, sizes[i], 0, 0);
     }
     for (size_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
         struct store_obj *o;
@@ -703,6 +734,7 @@ struct m_obj {
 
 struct model {
     struct store *s;
+    int file;                       /* over a pool file, restarted now and then */
     struct alloc shape;             /* for footprints */
     struct m_obj objs[M_OBJS];
     int nobjs;
@@ -836,6 +868,51 @@ static void m_clear(struct model *m, uint64_t r)
     CHECK_EQ(clear(m->s, m_ns_names[ns]), expected);
 }
 
+/* What an object takes in the pool, headers included over a pool file. */
+static uint64_t m_footprint(const struct model *m, const struct m_obj *mo)
+{
+    if (!m->file)
+        return alloc_footprint(&m->shape, mo->size, 0, 0);
+    uint32_t n = 1, prev, head;
+    do {
+        prev = n;
+        head = persist_head_len((uint32_t)strlen(m_ns_names[mo->ns]),
+                                (uint32_t)strlen(m_key(mo->key)), n);
+        n = alloc_nchunks(mo->size, head, PERSIST_PIECE_HDR);
+    } while (n != prev);
+    return alloc_footprint(&m->shape, mo->size, head, PERSIST_PIECE_HDR);
+}
+
+/* A restart over the pool file (closing the store writes nothing, so it is
+ * a kill as far as the file goes): committed objects come back byte-exact,
+ * reservations and pinned zombies are dropped. */
+static void m_restart(struct model *m)
+{
+    uint64_t committed = 0, dropped = 0;
+    store_close(m->s);
+    m->s = open_file_wm(8 * MiB, 0.9, 0.6);
+    for (int id = 0; id < m->nobjs; id++) {
+        struct m_obj *mo = &m->objs[id];
+        dropped += mo->state == M_RESERVED || mo->state == M_UNLINKED;
+        if (mo->state == M_RESERVED)
+            m->current[mo->ns][mo->key] = -1;
+        if (mo->state != M_COMMITTED) {
+            mo->state = M_FREE;
+            continue;
+        }
+        committed++;
+        mo->pins = 0;
+        CHECK_EQ(pin1(m->s, m_ns_names[mo->ns], m_key(mo->key), 0, &mo->real), 0);
+        check_bytes(m->s, mo->real, (uint64_t)id);
+        unpin1(m->s, mo->real);
+    }
+    m->npins = m->nresv = 0;
+    m->evictions = m->evicted_bytes = 0;
+    struct store_stats st = stats_of(m->s);
+    CHECK_EQ(st.restored_objects, committed);
+    CHECK_EQ(st.restore_dropped, dropped);
+}
+
 /* Finds out what eviction took, then checks every counter. */
 static void m_reconcile(struct model *m)
 {
@@ -863,7 +940,7 @@ static void m_reconcile(struct model *m)
         const struct m_obj *mo = &m->objs[id];
         if (mo->state == M_FREE)
             continue;
-        used += alloc_footprint(&m->shape, mo->size);
+        used += m_footprint(m, mo);
         objects += mo->state == M_COMMITTED;
         bytes += mo->state == M_COMMITTED ? mo->size : 0;
         reserved += mo->state == M_RESERVED;
@@ -881,17 +958,29 @@ static void m_reconcile(struct model *m)
     CHECK(st.pool_used_bytes <= st.pool_bytes, "pool overcommitted");
 }
 
-static void test_random_churn_matches_model(void)
+static void churn(int file)
 {
     static struct model m;
+    uint64_t restarts = 0, puts_before = 0;
     memset(&m, 0, sizeof m);
     memset(m.current, -1, sizeof m.current);
-    m.s = open_store_wm(8 * MiB, 0.9, 0.6);
+    m.file = file;
+    if (file) {
+        char err[256];
+        CHECK(try_open_file(&m.s, 8 * MiB, 1, 0.9, 0.6, err, sizeof err) == 0, "%s", err);
+    } else {
+        m.s = open_store_wm(8 * MiB, 0.9, 0.6);
+    }
     CHECK(alloc_init(&m.shape, MiB) == 0, "alloc for footprints");
     uint64_t seed = 20240601;
     for (int op = 0; op < M_OPS; op++) {
         uint64_t r = check_rand(&seed);
         uint64_t arg = check_rand(&seed);
+        if (file && r % 300 == 7) {
+            puts_before += stats_of(m.s).puts;
+            m_restart(&m);
+            restarts++;
+        }
         switch (r % 100) {
         case 0: m_clear(&m, arg); break;
         case 1: case 2: case 3: store_maintain(m.s); break;
@@ -913,7 +1002,11 @@ static void test_random_churn_matches_model(void)
     printf("   %d ops: %llu puts, %llu evictions, %llu dedup, %llu no-space\n", M_OPS,
            (unsigned long long)st.puts, (unsigned long long)st.evictions,
            (unsigned long long)st.put_dedup, (unsigned long long)st.put_no_space);
-    CHECK(st.evictions > 100 && st.puts > 1000, "the churn did not exercise eviction");
+    CHECK((st.evictions > 100 && st.puts > 1000) || file, "the churn did not exercise eviction");
+    if (file)
+        printf("   over a pool file: %llu restarts, %llu puts in all\n",
+               (unsigned long long)restarts, (unsigned long long)(puts_before + st.puts));
+    CHECK(!file || (restarts >= 10 && puts_before + st.puts > 1000), "too few restarts or puts");
 
     m_commit_held(&m);
     while (m.npins)
@@ -925,6 +1018,169 @@ static void test_random_churn_matches_model(void)
     CHECK_EQ(st.objects + st.reserved_objects + st.pinned_objects + st.namespaces, 0);
     alloc_destroy(&m.shape);
     store_close(m.s);
+    if (file)
+        unlink(pool_path());
+}
+
+static void test_random_churn_matches_model(void) { churn(0); }
+static void test_random_churn_over_a_pool_file(void) { churn(1); }
+
+/* --------------------------------------------------------------- pool file */
+
+static uint64_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/* Objects of every shape survive a restart byte for byte, in their
+ * namespaces; deleted, aborted and half-written ones do not come back;
+ * the restarted store goes on writing and restarts again. */
+static void test_pool_file_restart(void)
+{
+    static const uint64_t sizes[] = {0, 1, 100, 4096, MiB - 300, MiB, 5 * MiB / 2, 3 * MiB + 5};
+    enum { N = GK_ARRAY_LEN(sizes) };
+    char key[32], err[256];
+    struct store *s;
+    struct store_obj *o;
+
+    unlink(pool_path());
+    CHECK(try_open_file(&s, 16 * MiB, 0, 1, 0.9, err, sizeof err) == 0, "%s", err);
+    CHECK_EQ(stats_of(s).pool_file, 1);
+    CHECK_EQ(file_size(pool_path()), persist_meta_off(16 * MiB) + persist_meta_len(16 * MiB));
+    struct stat st;
+    CHECK(stat(pool_path(), &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", st.st_mode);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(put(s, i % 2 ? "ns-odd" : "", key_n(key, sizeof key, i), sizes[i], 500 + i), 0);
+    CHECK_EQ(put(s, "gone", "deleted", 5000, 1), 0);
+    CHECK_EQ(delete1(s, "gone", "deleted"), 0);
+    CHECK_EQ(reserve1(s, "", "aborted", 5000, &o), 0);
+    store_abort_batch(s, &o, 1);
+    CHECK_EQ(reserve1(s, "", "half-written", 2 * MiB, &o), 0);
+    write_bytes(s, o, 7);
+    uint64_t used = stats_of(s).pool_used_bytes;
+    store_close(s);
+
+    for (int round = 0; round < 2; round++) {
+        s = open_file_wm(16 * MiB, 1, 0.9);
+        struct store_stats after = stats_of(s);
+        CHECK_EQ(after.restored_objects, N + round);
+        CHECK_EQ(after.restore_dropped, round == 0);
+        CHECK_EQ(after.objects, N + round);
+        CHECK_EQ(after.namespaces, 2);
+        CHECK_EQ(after.reserved_objects, 0);
+        for (int i = 0; i < N; i++) {
+            CHECK_EQ(pin1(s, i % 2 ? "ns-odd" : "", key_n(key, sizeof key, i), 1, &o), 0);
+            CHECK_EQ(store_obj_size(o), sizes[i]);
+            check_bytes(s, o, 500 + (uint64_t)i);
+            unpin1(s, o);
+        }
+        CHECK(!present(s, "gone", "deleted") && !present(s, "", "aborted") &&
+              !present(s, "", "half-written"), "a dead object came back");
+        if (round == 0) {
+            /* The half-written object's room is free again. */
+            CHECK(after.pool_used_bytes < used, "used %llu, before %llu",
+                  (unsigned long long)after.pool_used_bytes, (unsigned long long)used);
+            CHECK_EQ(put(s, "", "after", 2 * MiB, 77), 0);
+        } else {
+            CHECK_EQ(pin1(s, "", "after", 1, &o), 0);
+            check_bytes(s, o, 77);
+            unpin1(s, o);
+        }
+        store_close(s);
+    }
+    unlink(pool_path());
+}
+
+/* Eviction is in commit order after a restart: the oldest writes go first. */
+static void test_pool_file_keeps_commit_order(void)
+{
+    char key[32];
+    unlink(pool_path());
+    struct store *s = open_file_wm(8 * MiB, 1, 0.9);
+    for (int i = 0; i < 7; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB - 4096, (uint64_t)i), 0);
+    store_close(s);
+    s = open_file_wm(8 * MiB, 1, 0.9);
+    CHECK_EQ(put(s, "", "new", 3 * MiB - 8192, 99), 0); /* 3 pages: 1 free, 2 evicted */
+    CHECK(!present(s, "", key_n(key, sizeof key, 0)) && !present(s, "", key_n(key, sizeof key, 1)),
+          "the oldest were not evicted first");
+    for (int i = 2; i < 7; i++)
+        CHECK(present(s, "", key_n(key, sizeof key, i)), "key %d evicted out of order", i);
+    store_close(s);
+    unlink(pool_path());
+}
+
+/* Where the bytes of needle first appear in the pool file, or -1. */
+static int64_t find_in_file(const char *needle)
+{
+    int fd = open(pool_path(), O_RDONLY);
+    uint64_t len = file_size(pool_path());
+    uint8_t *map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(fd >= 0 && map != MAP_FAILED, "map the pool file");
+    const uint8_t *at = memmem(map, len, needle, strlen(needle));
+    int64_t off = at ? at - map : -1;
+    munmap(map, len);
+    close(fd);
+    return off;
+}
+
+static void poke_file(int64_t off, uint8_t byte)
+{
+    int fd = open(pool_path(), O_WRONLY);
+    CHECK(fd >= 0 && pwrite(fd, &byte, 1, off) == 1, "poke the pool file");
+    close(fd);
+}
+
+/* A head whose bytes changed (a torn write) is dropped, never served; the
+ * other objects are unharmed. */
+static void test_pool_file_drops_a_torn_head(void)
+{
+    unlink(pool_path());
+    struct store *s = open_file_wm(8 * MiB, 1, 0.9);
+    CHECK_EQ(put(s, "", "intact-key", 5000, 1), 0);
+    CHECK_EQ(put(s, "", "damaged-key", 5000, 2), 0);
+    store_close(s);
+    int64_t off = find_in_file("damaged-key");
+    CHECK(off > 0, "key not in the file");
+    poke_file(off, 'D');
+    s = open_file_wm(8 * MiB, 1, 0.9);
+    CHECK(present(s, "", "intact-key"), "the intact object is gone");
+    CHECK(!present(s, "", "damaged-key") && !present(s, "", "Damaged-key"), "a torn head served");
+    CHECK_EQ(stats_of(s).restore_dropped, 1);
+    store_close(s);
+    unlink(pool_path());
+}
+
+/* Another geometry, a file that is no pool, one in use and one others can
+ * read are refused with a reason; reset starts afresh. */
+static void test_pool_file_refusals(void)
+{
+    char err[256] = "";
+    struct store *s, *other;
+    unlink(pool_path());
+    s = open_file_wm(8 * MiB, 1, 0.9);
+    CHECK_EQ(put(s, "", "k", 100, 1), 0);
+    CHECK(try_open_file(&other, 8 * MiB, 0, 1, 0.9, err, sizeof err) != 0 &&
+          strstr(err, "another gdrkv server"), "a second store on the file: '%s'", err);
+    store_close(s);
+
+    CHECK(try_open_file(&s, 16 * MiB, 0, 1, 0.9, err, sizeof err) != 0 &&
+          strstr(err, "reset it"), "another size: '%s'", err);
+    CHECK_EQ(file_size(pool_path()), persist_meta_off(8 * MiB) + persist_meta_len(8 * MiB));
+
+    poke_file((int64_t)persist_meta_off(8 * MiB), 'X');
+    CHECK(try_open_file(&s, 8 * MiB, 0, 1, 0.9, err, sizeof err) != 0 &&
+          strstr(err, "not a gdrkv pool file"), "bad magic: '%s'", err);
+
+    CHECK(try_open_file(&s, 16 * MiB, 1, 1, 0.9, err, sizeof err) == 0, "reset: %s", err);
+    CHECK(!present(s, "", "k") && stats_of(s).restored_objects == 0, "reset kept objects");
+    store_close(s);
+
+    chmod(pool_path(), 0640);
+    CHECK(try_open_file(&s, 16 * MiB, 0, 1, 0.9, err, sizeof err) != 0 &&
+          strstr(err, "chmod 600"), "group-readable file: '%s'", err);
+    unlink(pool_path());
 }
 
 /* ---------------------------------------------------------------- threads */
@@ -1046,6 +1302,11 @@ int main(void)
     RUN(test_big_object_evicts_small_ones);
     RUN(test_eviction_work_per_batch_is_bounded);
     RUN(test_random_churn_matches_model);
+    RUN(test_random_churn_over_a_pool_file);
+    RUN(test_pool_file_restart);
+    RUN(test_pool_file_keeps_commit_order);
+    RUN(test_pool_file_drops_a_torn_head);
+    RUN(test_pool_file_refusals);
     RUN(test_threads);
     return check_done("test_store");
 }
