@@ -5,6 +5,7 @@ SIGKILL, even in the middle of a batch of PUTs; what was being written when
 it died is dropped, never served. Over tcp, shm (both write modes) and rdma
 (softverbs). A file of another size, or no pool file at all, is refused with
 its reason unless reset; a file in use by a live server is refused."""
+import json
 import os
 import signal
 import time
@@ -210,3 +211,20 @@ def test_in_process_server_on_a_pool_file(pool_file, make_client):
         assert server.stats()["restored_objects"] == 2
         client = make_client(server.url)
         assert read_all(client, ["x", "y"], [70000, 9]) == [True, True]
+
+
+def test_bench_restart_reports_every_size(tmp_path):
+    """gdrkv bench --restart: each size's pool is filled, re-attached whole
+    (the bench checks the count and one object's bytes) and timed."""
+    report = tmp_path / "restart.json"
+    out = run_gdrkv("bench", "--restart", "--restart-memory", "64MiB", "--repeat", "1",
+                    "--sizes", "4KiB,1MiB", "--json", str(report), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(report.read_text())["results"]
+    assert [r["size"] for r in rows] == [4096, 1 << 20]
+    for r in rows:
+        # Filled to 90% of the pool (4 KiB values take 4800-byte chunks).
+        assert r["objects"] * r["size"] >= 0.7 * (64 << 20)
+        assert r["objects"] > 0 and r["restart_s"] > 0 and r["empty_start_s"] > 0
+    assert "restart s per 64 GiB" in out.stdout
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith("gdrkv-bench-")]

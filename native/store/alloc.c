@@ -67,6 +67,7 @@ int alloc_init(struct alloc *a, uint64_t capacity)
     a->free_head = ALLOC_NIL;
     for (uint32_t p = a->npages; p-- > 0;) {
         a->pages[p].cls = ALLOC_NIL;
+        a->pages[p].wiped_for = ALLOC_NIL;
         a->pages[p].next = a->free_head;
         a->free_head = p;
     }
@@ -191,8 +192,9 @@ static int assign_page(struct alloc *a, uint32_t cls)
     if (a->page_tags) {
         /* Wiped before the page table says where its chunks start. */
         uint8_t *page = a->pool + (uint64_t)p * ALLOC_PAGE_SIZE;
-        for (uint32_t i = 0; i < per_page; i++)
+        for (uint32_t i = 0; a->pages[p].wiped_for != cls && i < per_page; i++)
             memset(page + (uint64_t)i * a->classes[cls].size, 0, 8);
+        a->pages[p].wiped_for = cls;
         __atomic_store_n(&a->page_tags[p], cls + 1, __ATOMIC_RELEASE);
     }
     return 0;

@@ -15,8 +15,9 @@
  * memory is mapped by clients (shm, RDMA) and must only ever hold object
  * bytes. The one exception is a pool file (persist.h): there each page's
  * class also goes to the file's page table, and a page carved for a class
- * has the first 8 bytes of each chunk zeroed, so no stale bytes at a chunk
- * start pass for a header after a restart. Offsets are relative to the
+ * has the first 8 bytes of each chunk zeroed (unless it was cut for that
+ * same class last, when they hold headers or zeros already), so no stale
+ * bytes at a chunk start pass for a header after a restart. Offsets are relative to the
  * start of the pool.
  *
  * Not thread-safe: the store's lock covers it.
@@ -45,6 +46,8 @@ struct alloc_page {
     uint32_t used;          /* chunks handed out */
     uint32_t prev, next;    /* class's partial list; the free list uses next only */
     uint32_t hint;          /* no free chunk in bitmap words below this one */
+    uint32_t wiped_for;     /* a pool file's page: the class whose chunk starts hold
+                               nothing but headers or zeros, or ALLOC_NIL */
 };
 
 struct alloc {

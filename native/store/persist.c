@@ -169,26 +169,29 @@ int persist_is_head(const uint8_t *pool, uint64_t off)
     return gk_load64(pool + off) == HEAD_MAGIC;
 }
 
-int persist_read_head(const uint8_t *pool, uint64_t off, uint64_t room, struct persist_head *h)
+void persist_head_at(const uint8_t *pool, uint64_t off, struct persist_head *h)
 {
     const uint8_t *p = pool + off;
-    if (room < HEAD_FIXED || gk_load64(p) != HEAD_MAGIC)
-        return 0;
-    uint64_t commit = gk_load64(p + 8);
+    h->seq = gk_load64(p + 8) >> 1;
     h->size = gk_load64(p + 24);
     h->head_len = gk_load32(p + 32);
     h->npieces = gk_load32(p + 36);
     h->ns_len = gk_load16(p + 40);
     h->key_len = gk_load16(p + 42);
-    if (!(commit & 1) || h->npieces == 0 || h->npieces > room / 8 ||
-        h->head_len != persist_head_len(h->ns_len, h->key_len, h->npieces) ||
-        h->head_len > room || gk_load64(p + 16) != head_checksum(p, h->head_len, off))
-        return 0;
-    h->seq = commit >> 1;
     h->piece_offs = p + HEAD_FIXED;
     h->ns = h->piece_offs + 8ull * (h->npieces - 1);
     h->key = h->ns + h->ns_len;
-    return 1;
+}
+
+int persist_read_head(const uint8_t *pool, uint64_t off, uint64_t room, struct persist_head *h)
+{
+    const uint8_t *p = pool + off;
+    if (room < HEAD_FIXED || gk_load64(p) != HEAD_MAGIC || !(gk_load64(p + 8) & 1))
+        return 0;
+    persist_head_at(pool, off, h);
+    return h->npieces > 0 && h->npieces <= room / 8 &&
+           h->head_len == persist_head_len(h->ns_len, h->key_len, h->npieces) &&
+           h->head_len <= room && gk_load64(p + 16) == head_checksum(p, h->head_len, off);
 }
 
 int persist_piece_ok(const uint8_t *pool, uint64_t off, uint64_t head_off, uint32_t index)

@@ -84,6 +84,8 @@ void persist_forget(uint8_t *pool, uint64_t head_off);
 /* Whether the bytes at pool + off are a committed, untorn head that fits in
  * room bytes of its chunk; fills *h (pointing into the pool). */
 int persist_read_head(const uint8_t *pool, uint64_t off, uint64_t room, struct persist_head *h);
+/* The same without the checks, for a head persist_read_head passed. */
+void persist_head_at(const uint8_t *pool, uint64_t off, struct persist_head *h);
 /* Whether the bytes at pool + off begin a head (committed or not): a
  * restart counts the ones it could not use. */
 int persist_is_head(const uint8_t *pool, uint64_t off);

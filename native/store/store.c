@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "common/common.h"
@@ -395,8 +396,6 @@ static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left
         else if (!evict_lru(s, scan_left))
             return -1;
     }
-    if (s->piece_hdr)
-        write_headers(s, o);
     return 0;
 }
 
@@ -406,22 +405,25 @@ static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left
  * chunks. -1, with nothing kept, when any part of it does not hold
  * together: a state no server leaves, so some bytes are not what they seem. */
 static int restore_one(struct store *s, uint64_t off, const struct persist_head *h,
-                       struct store_obj **out)
+                       struct store_ns **last_ns)
 {
     struct gk_entry e = {.key = h->key, .key_len = h->key_len, .size = h->size};
     struct gk_ns name = {.name = h->ns, .len = h->ns_len};
-    struct store_ns *ns;
+    struct store_ns *ns = *last_ns;
     uint32_t head_len;
 
     if (!key_ok(&e) || !ns_name_ok(&name) || h->size > GK_MAX_OBJECT ||
         obj_cut(s, h->ns_len, &e, &head_len) != h->npieces || head_len != h->head_len)
         return -1;
-    if ((ns = ns_find(s, &name)) && obj_find(s, ns, &e))
-        return -1;
+    /* Heads come in commit order, mostly in runs of one namespace. */
+    if (!ns || ns->node.key_len != name.len || memcmp(ns->name, name.name, name.len) != 0)
+        ns = ns_find(s, &name);
     if (!ns && !(ns = ns_create(s, &name)))
         return -1;
+    *last_ns = ns;
     struct store_obj *o = obj_new(s, ns, &e, h->npieces, head_len);
-    int ok = o != NULL;
+    int ok = o != NULL &&      /* and not a second head for one key: */
+             !index_find(&s->objects, o->node.hash, ns->id, o->node.key, o->node.key_len);
     for (uint32_t i = 0; ok && i < h->npieces; i++) {
         uint64_t raw = i ? gk_load64(h->piece_offs + 8ull * (i - 1)) : off;
         uint32_t hdr = chunk_hdr(s, o, i);
@@ -435,69 +437,179 @@ static int restore_one(struct store *s, uint64_t off, const struct persist_head 
         for (uint32_t i = 0; o && i < o->nchunks; i++)
             alloc_restore_unclaim(&s->alloc, o->chunks[i].off - chunk_hdr(s, o, i));
         free(o);
-        ns_drop_if_empty(s, ns);
+        if (ns_drop_if_empty(s, ns))
+            *last_ns = NULL;
         return -1;
     }
     index_insert(&s->objects, &o->node);
     dlink_push_head(&ns->objs, &o->ns_link);
     s->st.reserved_objects++;
     obj_commit(s, o);
-    *out = o;
     return 0;
 }
 
-struct restored {
+/* A committed head found by the scan: where, and its commit order. */
+struct found_head {
     uint64_t seq;
-    struct store_obj *obj;
+    uint64_t off;
 };
 
-static int by_seq(const void *a, const void *b)
+/* Sorts heads by seq, least significant 16 bits first (a qsort of tens of
+ * millions of heads would take longer than the rest of the restart). */
+static int sort_by_seq(struct found_head **heads, uint32_t n, uint64_t max_seq)
 {
-    uint64_t x = ((const struct restored *)a)->seq, y = ((const struct restored *)b)->seq;
-    return (x > y) - (x < y);
+    struct found_head *tmp = malloc((n ? n : 1) * sizeof *tmp), *src = *heads, *dst = tmp;
+    uint32_t *count = malloc((1u << 16) * sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        return -1;
+    }
+    for (unsigned shift = 0; shift < 64 && (max_seq >> shift); shift += 16) {
+        memset(count, 0, (1u << 16) * sizeof *count);
+        for (uint32_t i = 0; i < n; i++)
+            count[(src[i].seq >> shift) & 0xffff]++;
+        for (uint32_t d = 0, total = 0; d < (1u << 16); d++) {
+            uint32_t c = count[d];
+            count[d] = total;
+            total += c;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            dst[count[(src[i].seq >> shift) & 0xffff]++] = src[i];
+        struct found_head *t = src;
+        src = dst;
+        dst = t;
+    }
+    *heads = src;
+    free(dst);
+    free(count);
+    return 0;
 }
 
-/* Finds every committed head at the chunk starts of the pages the page
- * table gives a class, and rebuilds index, allocator and LRU (in commit
- * order: the oldest writes are evicted first) from them. */
-static void restore_objects(struct store *s)
-{
-    uint64_t start = gk_now_ns();
-    const uint32_t *tags = s->alloc.page_tags;
-    struct restored *list = NULL;
-    uint32_t cap = 0, n = 0;
+/* One thread's share of the scan: pages [first, end). */
+struct scan_job {
+    const struct store *s;
+    uint32_t first, end;
+    struct found_head *heads;
+    uint32_t n, cap;
+    uint64_t max_seq, dropped;
+    int failed;                 /* out of memory */
+};
 
-    for (uint32_t p = 0; p < s->alloc.npages; p++) {
+/* Every committed, untorn head at the chunk starts of the job's pages that
+ * the page table gives a class; the others are counted as dropped. */
+static void *scan_pages(void *arg)
+{
+    struct scan_job *job = arg;
+    const struct store *s = job->s;
+    const uint32_t *tags = s->alloc.page_tags;
+    for (uint32_t p = job->first; p < job->end && !job->failed; p++) {
         if (tags[p] == 0 || tags[p] > s->alloc.nclasses)
             continue;
         const struct alloc_class *c = &s->alloc.classes[tags[p] - 1];
         for (uint32_t j = 0; j < c->per_page; j++) {
             uint64_t off = (uint64_t)p * ALLOC_PAGE_SIZE + (uint64_t)j * c->size;
             struct persist_head h;
-            struct store_obj *o;
             if (!persist_is_head(s->pool.base, off))
                 continue;
-            if (persist_read_head(s->pool.base, off, c->size, &h) &&
-                gk_grow(&list, &cap, n + 1, sizeof *list, 1024) == 0 &&
-                restore_one(s, off, &h, &o) == 0)
-                list[n++] = (struct restored){h.seq, o};
-            else
-                s->st.restore_dropped++;
+            if (!persist_read_head(s->pool.base, off, c->size, &h)) {
+                job->dropped++;
+                continue;
+            }
+            if (gk_grow(&job->heads, &job->cap, job->n + 1, sizeof *job->heads, 4096) != 0) {
+                job->failed = 1;
+                break;
+            }
+            job->heads[job->n++] = (struct found_head){h.seq, off};
+            job->max_seq = GK_MAX(job->max_seq, h.seq);
         }
     }
-    alloc_restore_done(&s->alloc);
+    return NULL;
+}
 
-    qsort(list, n, sizeof *list, by_seq);
-    dlink_init(&s->lru);
-    for (uint32_t i = 0; i < n; i++)
-        dlink_push_head(&s->lru, &list[i].obj->lru);
-    s->commit_seq = n ? list[n - 1].seq : 0;
-    s->st.restored_objects = n;
-    free(list);
-    GK_INFO("pool: re-attached %u objects (%llu MiB) in %llu ms; %llu heads dropped "
-            "(writes cut short)", n, (unsigned long long)(s->st.object_bytes >> 20),
+#define SCAN_THREADS 16
+#define SCAN_PAGES_PER_THREAD 16    /* fewer pages than this are not worth a thread */
+
+/* The committed heads of the whole pool, scanned by a thread per core: the
+ * scan is page faults and header checksums, which run side by side. NULL
+ * when out of memory. */
+static struct found_head *find_heads(struct store *s, uint32_t *count, uint64_t *max_seq)
+{
+    struct scan_job jobs[SCAN_THREADS] = {{0}};
+    pthread_t threads[SCAN_THREADS];
+    int started[SCAN_THREADS] = {0};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t npages = s->alloc.npages;
+    uint32_t t, nthreads = (uint32_t)GK_MAX(1, GK_MIN(GK_MIN(cpus, SCAN_THREADS),
+                                                      npages / SCAN_PAGES_PER_THREAD));
+    for (t = 0; t < nthreads; t++) {
+        jobs[t] = (struct scan_job){.s = s, .first = (uint32_t)((uint64_t)npages * t / nthreads),
+                                    .end = (uint32_t)((uint64_t)npages * (t + 1) / nthreads)};
+        if (t > 0)
+            started[t] = pthread_create(&threads[t], NULL, scan_pages, &jobs[t]) == 0;
+    }
+    scan_pages(&jobs[0]);
+    uint64_t total = 0;
+    int failed = 0;
+    for (t = 0; t < nthreads; t++) {
+        if (t > 0 && started[t])
+            pthread_join(threads[t], NULL);
+        else if (t > 0)
+            scan_pages(&jobs[t]);
+        total += jobs[t].n;
+        failed |= jobs[t].failed;
+    }
+    struct found_head *heads = failed || total > UINT32_MAX ? NULL
+                               : malloc((total ? total : 1) * sizeof *heads);
+    *count = 0;
+    *max_seq = 0;
+    for (t = 0; t < nthreads; t++) {
+        if (heads && jobs[t].n)
+            memcpy(heads + *count, jobs[t].heads, jobs[t].n * sizeof *heads);
+        *count += jobs[t].n;
+        *max_seq = GK_MAX(*max_seq, jobs[t].max_seq);
+        s->st.restore_dropped += jobs[t].dropped;
+        free(jobs[t].heads);
+    }
+    return heads;
+}
+
+/* Rebuilds index, allocator and LRU from the pool file's heads: objects
+ * are created in commit order, so the LRU ends with the oldest writes at
+ * its tail (evicted first). */
+static int restore_objects(struct store *s)
+{
+    uint64_t start = gk_now_ns(), max_seq;
+    uint32_t n;
+    struct found_head *heads = find_heads(s, &n, &max_seq);
+    if (!heads || sort_by_seq(&heads, n, max_seq) != 0) {
+        free(heads);
+        return -1;
+    }
+    /* Sized for every object at once: no incremental growth on the way. */
+    index_destroy(&s->objects);
+    if (index_init(&s->objects, n) != 0) {
+        free(heads);
+        return -1;
+    }
+    struct store_ns *ns = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        struct persist_head h;
+        persist_head_at(s->pool.base, heads[i].off, &h);
+        if (restore_one(s, heads[i].off, &h, &ns) == 0)
+            s->st.restored_objects++;
+        else
+            s->st.restore_dropped++;
+    }
+    alloc_restore_done(&s->alloc);
+    s->commit_seq = max_seq;
+    free(heads);
+    GK_INFO("pool: re-attached %llu objects (%llu MiB) in %llu ms; %llu heads dropped "
+            "(writes cut short)", (unsigned long long)s->st.restored_objects,
+            (unsigned long long)(s->st.object_bytes >> 20),
             (unsigned long long)((gk_now_ns() - start) / 1000000),
             (unsigned long long)s->st.restore_dropped);
+    return 0;
 }
 
 /* Formats a fresh pool file, or checks an existing one and re-attaches its
@@ -519,8 +631,10 @@ static int attach_pool_file(struct store *s, const char *path, char *err, size_t
     s->alloc.pool = s->pool.base;
     s->piece_hdr = PERSIST_PIECE_HDR;
     s->st.pool_file = 1;
-    if (!s->pool.fresh)
-        restore_objects(s);
+    if (!s->pool.fresh && restore_objects(s) != 0) {
+        snprintf(err, errlen, "out of memory re-attaching the objects of the pool file %s", path);
+        return -1;
+    }
     return 0;
 }
 
@@ -750,6 +864,12 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
                             : GDRKV_E_INVALID;
     }
     pthread_mutex_unlock(&s->lock);
+    /* Outside the lock: a reservation is its writer's alone (nothing evicts
+     * or frees it), and nobody reads headers but a restart. */
+    for (uint32_t i = 0; s->piece_hdr && i < n; i++) {
+        if (objs[i])
+            write_headers(s, objs[i]);
+    }
 }
 
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)

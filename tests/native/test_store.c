@@ -1035,7 +1035,8 @@ static uint64_t file_size(const char *path)
 
 /* Objects of every shape survive a restart byte for byte, in their
  * namespaces; deleted, aborted and half-written ones do not come back;
- * the restarted store goes on writing and restarts again. */
+ * the restarted store goes on writing and restarts again. 32 pages: the
+ * scan runs on two threads where there are two cores. */
 static void test_pool_file_restart(void)
 {
     static const uint64_t sizes[] = {0, 1, 100, 4096, MiB - 300, MiB, 5 * MiB / 2, 3 * MiB + 5};
@@ -1045,9 +1046,9 @@ static void test_pool_file_restart(void)
     struct store_obj *o;
 
     unlink(pool_path());
-    CHECK(try_open_file(&s, 16 * MiB, 0, 1, 0.9, err, sizeof err) == 0, "%s", err);
+    CHECK(try_open_file(&s, 32 * MiB, 0, 1, 0.9, err, sizeof err) == 0, "%s", err);
     CHECK_EQ(stats_of(s).pool_file, 1);
-    CHECK_EQ(file_size(pool_path()), persist_meta_off(16 * MiB) + persist_meta_len(16 * MiB));
+    CHECK_EQ(file_size(pool_path()), persist_meta_off(32 * MiB) + persist_meta_len(32 * MiB));
     struct stat st;
     CHECK(stat(pool_path(), &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", st.st_mode);
     for (int i = 0; i < N; i++)
@@ -1062,7 +1063,7 @@ static void test_pool_file_restart(void)
     store_close(s);
 
     for (int round = 0; round < 2; round++) {
-        s = open_file_wm(16 * MiB, 1, 0.9);
+        s = open_file_wm(32 * MiB, 1, 0.9);
         struct store_stats after = stats_of(s);
         CHECK_EQ(after.restored_objects, N + round);
         CHECK_EQ(after.restore_dropped, round == 0);

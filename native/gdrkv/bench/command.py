@@ -5,7 +5,8 @@ another process, side by side with this machine's ceilings (the loopback TCP
 stream and memcpy) measured in the same run (harness.py). --compare
 (compare.py) adds every transport, the peers (peers.py) and the engines'
 own storage (engines.py); --gpu (gpu.py) measures host<->GPU paths; --vllm
-(vllm.py) the vLLM connector's save and load of GPU KV.
+(vllm.py) the vLLM connector's save and load of GPU KV; --restart
+(restart.py) a server's restart on a full pool file.
 """
 import argparse
 import contextlib
@@ -15,7 +16,7 @@ import sys
 from ..client import Client
 from ..sizes import parse_size
 from ..sysinfo.host import cpu_model
-from . import gpu, plain, vllm
+from . import gpu, plain, restart, vllm
 from .harness import Ceilings, Progress, server, tcp_stream, write_json
 
 OPS = ("put", "get", "exists")
@@ -50,20 +51,28 @@ def add_arguments(parser):
     parser.add_argument("--single-tenant", action="store_true",
                         help="start the server with --single-tenant: shm clients copy PUT "
                              "values straight into the pool (docs/transports.md)")
+    parser.add_argument("--pool-file", metavar="PATH",
+                        help="start the server on this pool file, emptied first "
+                             "(gdrkv serve --pool-file): the cost of headers in the pool")
     parser.add_argument("--png", metavar="PATH",
                         help="with --compare: plot throughput against object size here")
     gpu.add_arguments(parser)
     vllm.add_arguments(parser)
+    restart.add_arguments(parser)
 
 
 def run(args):
-    if args.single_tenant and args.url:
-        print("gdrkv bench: --single-tenant starts the server: no --url", file=sys.stderr)
+    if (args.single_tenant or args.pool_file) and args.url:
+        print("gdrkv bench: --single-tenant and --pool-file start the server: no --url",
+              file=sys.stderr)
         return 2
     if args.gpu:
         return gpu.run(args)
     if args.vllm:
         return vllm.run(args)
+    if args.restart:
+        args.sizes = args.sizes or parse_sizes("4KiB,64KiB")
+        return restart.run(args)
     if args.compare:
         from . import compare
         args.sizes = args.sizes or parse_sizes(compare.DEFAULT_SIZES)
@@ -77,7 +86,9 @@ def run(args):
     try:
         with progress, contextlib.ExitStack() as stack:
             ceilings = Ceilings(stack.enter_context(tcp_stream())) if args.ceiling else None
-            client = stack.enter_context(Client(stack.enter_context(server(args)), **options))
+            flags = ["--pool-file", args.pool_file, "--reset-pool-file"] if args.pool_file else []
+            url = stack.enter_context(server(args, flags))
+            client = stack.enter_context(Client(url, **options))
             results = [r for size in args.sizes
                        for r in plain.bench_size(client, size, args, ceilings, progress)]
             client.clear()
