@@ -275,6 +275,12 @@ class ServerProcess:
     def __init__(self, workdir, memory, args):
         self.workdir, self.memory, self.args = workdir, memory, list(args)
         self.name = unique("server")
+        # GDRKV_TEST_POOL_FILE=1 runs every server on a pool file (tmpfs),
+        # so that a suite proves the transports over a file-backed pool.
+        self.pool_file = None
+        if os.environ.get("GDRKV_TEST_POOL_FILE") == "1" and "--pool-file" not in self.args:
+            self.pool_file = f"/dev/shm/gdrkv-test-{os.getpid()}-{self.name}.pool"
+            self.args += ["--pool-file", self.pool_file]
         self.proc = None
         self.address = None
         self.must_exit_cleanly = False
@@ -416,6 +422,8 @@ class ServerSet:
         problems = [p for p in (s.shutdown_problem() for s in self.servers) if p]
         for server in self.servers:
             remove_stale_socket(server.unix_path)
+            if server.pool_file and os.path.exists(server.pool_file):
+                os.unlink(server.pool_file)
         assert not problems, "\n\n".join(problems)
 
 
