@@ -10,6 +10,7 @@ no collisions in a large sample; keys far below the 4096-byte protocol limit.
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import engines
-from gdrkv.keys import KeyScheme, dtype_name
+from gdrkv.keys import KeyScheme, dtype_name, engine_namespace, with_engine_namespace
 
 PROTOCOL_KEY_LIMIT = 4096
 
@@ -267,3 +268,39 @@ def test_bad_hashes_are_refused():
     for bad in ("", "x" * 2000, None, 1.5):
         with pytest.raises(ValueError):
             scheme.key(bad)
+
+
+# ---------------------------------------------------------------- namespaces
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
+
+
+def test_engines_get_namespaces_of_their_own_unless_told():
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    mine = with_engine_namespace("gdrkv://h:7480", {"timeout_ms": 5}, "sglang", model)
+    assert mine == {"timeout_ms": 5, "namespace": engine_namespace("sglang", model)}
+    assert engine_namespace("sglang", model).startswith("sglang/Llama-3.1-8B-Instruct~")
+    assert len({engine_namespace(e, m) for e in ("sglang", "lmcache", "vllm")
+                for m in (model, model + "-2")}) == 6
+    # Told: in the options (even ""), or in the url's query.
+    assert with_engine_namespace("gdrkv://h", {"namespace": ""}, "sglang", model) == \
+        {"namespace": ""}
+    assert with_engine_namespace("gdrkv://h:1,h:2?namespace=shared&conns=2", {}, "vllm",
+                                 model) == {}
+    assert engine_namespace("lmcache", "") == "lmcache"
+
+
+def test_shipped_configs_never_share_a_namespace_by_accident():
+    """Copied verbatim, the SGLang and vLLM configs leave the namespace to
+    the adapters' defaults, and no LMCache config names one those could be."""
+    with open(os.path.join(CONFIGS, "sglang", "sglang_hicache.json")) as f:
+        assert "namespace" not in json.load(f)
+    with open(os.path.join(CONFIGS, "sglang", "sglang_hicache.yaml")) as f:
+        assert not [line for line in f if line.startswith("namespace")]
+    with open(os.path.join(CONFIGS, "vllm", "kv_transfer_config.json")) as f:
+        assert "namespace" not in json.load(f)["kv_connector_extra_config"]
+    for name in os.listdir(os.path.join(CONFIGS, "lmcache")):
+        if name.endswith(".yaml"):
+            with open(os.path.join(CONFIGS, "lmcache", name)) as f:
+                for named in re.findall(r"namespace=([^&\"\s]*)", f.read()):
+                    assert named and not named.startswith(("sglang/", "vllm/")), name

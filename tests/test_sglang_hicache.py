@@ -28,6 +28,7 @@ from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E
 import sglang_pools as sp  # noqa: E402
 from conftest import background, counted, run_threads, unique, wait_for  # noqa: E402
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
+from gdrkv.keys import engine_namespace  # noqa: E402
 
 SERVER_MEMORY = "256MiB"
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs", "sglang")
@@ -234,6 +235,38 @@ def test_mooncake_style_duck_pool(make_backend):
     assert torch.equal(source.kv_buffer[:3 * 512], dest.kv_buffer[5 * 512:])
 
 
+def test_raw_pointer_forms(make_backend):
+    """get/set/batch_get/batch_set with raw pointers and byte counts, as
+    SGLang's Mooncake store test drives a backend (set, exists, get into
+    another place, compared). Reads check the size; these objects never
+    pass for pages."""
+    pool = sp.mha_pool("page_first", 16)
+    writer, reader = attached(make_backend(), pool), attached(make_backend(), pool)
+    buffer = torch.randn(8 * 1024)
+    size = 1024 * buffer.element_size()
+    at = [buffer[i * 1024:].data_ptr() for i in range(8)]
+
+    assert writer.set("single", target_location=at[0], target_sizes=size) is True
+    assert reader.exists("single") is True and reader.exists("absent") is False
+    assert reader.get("single", target_location=at[1], target_sizes=size) is True
+    assert torch.equal(buffer[:1024], buffer[1024:2048])
+    assert reader.get("single", target_location=at[2], target_sizes=size // 2) is False
+    assert reader.get("absent", target_location=at[2], target_sizes=size) is False
+    assert reader.batch_exists(["single"]) == 0                     # not a page
+
+    buffer[:2048].copy_(torch.randn(2048))
+    keys = ["raw-a", "raw-b"]
+    assert writer.batch_set(keys, target_locations=[at[0], [at[1], at[1] + size // 2]],
+                            target_sizes=[size, [size // 2, size // 2]]) is True
+    assert reader.batch_get(keys + ["absent"], target_locations=at[4:7],
+                            target_sizes=[size] * 3) == 2
+    assert torch.equal(buffer[:2048], buffer[4096:6144])
+    assert reader.batch_get(["absent"] + keys, at[4:7], [size] * 3) == 0
+    # Mismatched pointers and sizes fail soft.
+    assert writer.batch_set(keys, target_locations=at[:2], target_sizes=[size]) is False
+    assert make_backend().set("k", target_location=at[0], target_sizes=size) is False  # no pool
+
+
 # ---------------------------------------------------------------- ranks
 
 def test_mha_tp_ranks_keep_their_own_shards(make_backend):
@@ -425,10 +458,49 @@ def test_dynamic_factory_builds_the_backend(server, source):
         "dynamic", sp.storage_config(extra=extra), pool)
     try:
         assert isinstance(backend, GdrkvHiCacheStorage)
+        # The shipped configs name no namespace: SGLang's and the model's.
+        assert backend._client.namespace == \
+            engine_namespace("sglang", sp.storage_config().model_name)
         backend.register_mem_pool_host(pool)
         assert backend.batch_set_v1(hashes(1, 16, salt=7), sp.indices(pool, [0])) == [True]
     finally:
         backend.close()
+
+
+def test_clear_empties_only_this_engines_pages_of_this_model(server, make_client):
+    """Engines on one server keep to namespaces of their own unless their
+    configs name one: SGLang's flush empties its pages of its model alone,
+    never another model's nor LMCache's or vLLM's chunks; a namespace set
+    in every config is shared, and clear then empties it for all."""
+    model, other_model = unique("org/model"), unique("org/other")
+    pool = sp.mha_pool("page_first", 16)
+    keys = hashes(2, 16, salt=11)
+
+    def backend(model, **options):
+        return attached(GdrkvHiCacheStorage(
+            sp.storage_config(model=model, extra=sp.extra_config(server.url, **options)), {}),
+            pool)
+
+    mine, theirs = backend(model), backend(other_model)
+    assert mine._client.namespace == engine_namespace("sglang", model)
+    assert mine.batch_set_v1(keys, sp.indices(pool, [0, 1])) == [True, True]
+    assert theirs.batch_set_v1(keys, sp.indices(pool, [0, 1])) == [True, True]
+    others = [make_client(server.url, namespace=engine_namespace(engine, model))
+              for engine in ("lmcache", "vllm")]
+    for client in others:
+        client.put("chunk", b"c" * 100)
+    assert mine.clear() is True
+    assert mine.batch_exists(keys) == 0 and theirs.batch_exists(keys) == 2
+    assert [client.get("chunk") for client in others] == [b"c" * 100] * 2
+
+    shared = unique("shared")
+    a, b = backend(model, namespace=shared), backend(other_model, namespace=shared)
+    assert a.batch_set_v1(keys, sp.indices(pool, [0, 1])) == [True, True]
+    lmcache = make_client(server.url, namespace=shared)
+    lmcache.put("chunk", b"c" * 100)
+    assert b.clear() is True and lmcache.get("chunk") is None
+    for each in (mine, theirs, a, b):
+        each.close()
 
 
 def test_embedded_server_without_url():

@@ -18,6 +18,7 @@ from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import gdrkv
+from gdrkv.keys import with_engine_namespace
 
 from .chunk_keys import ChunkKeys, require_deterministic_hashing
 
@@ -60,7 +61,8 @@ class GdrkvConnector(RemoteConnector):
         if url is None:
             url = _url_from_external(config.remote_url)
         try:
-            self.client = gdrkv.Client(url)
+            self.client = gdrkv.Client(url, **with_engine_namespace(url, {}, "lmcache",
+                                                                    metadata.model_name))
         except (ValueError, gdrkv.GdrkvError) as e:
             raise config_error(f"cannot use {url!r}: {e}") from e
         self.local_cpu_backend = local_cpu_backend

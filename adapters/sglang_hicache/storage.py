@@ -14,7 +14,7 @@ import time
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolName
 
 import gdrkv
-from gdrkv.keys import DTYPE_BYTES, KeyScheme, dtype_name
+from gdrkv.keys import DTYPE_BYTES, KeyScheme, dtype_name, with_engine_namespace
 
 from .options import ADAPTER_KEYS, SGLANG_KEYS, parse_extra_config
 from .pages import HostPages
@@ -55,10 +55,11 @@ class GdrkvHiCacheStorage(HiCacheStorage):
         self._options = parse_extra_config(storage_config.extra_config)
         self._log = _RateLimitedLog(LOG_INTERVAL_S)
         self._metrics = _Metrics() if storage_config.enable_storage_metrics else None
-        self._server, self._client = _connect(self._options)
+        self._server, self._client = _connect(self._options, storage_config.model_name)
         # Set by register_mem_pool_host: the pool's page geometry and the key
-        # schemes of its zero-copy and copied (flat) pages.
+        # schemes of its zero-copy, copied (flat) and raw-pointer objects.
         self._pages = self._page_keys = self._flat_keys = self._exists_keys = None
+        self._raw_keys = None
         if storage_config.tp_lcm_size:
             logger.warning("gdrkv ignores tp_lcm_size: pages are keyed by TP rank and size, "
                            "so deployments of different TP sizes do not share them")
@@ -87,6 +88,11 @@ class GdrkvHiCacheStorage(HiCacheStorage):
         self._flat_keys = key_scheme(self._config, layout=pages.layout + ".flat", dtype=dtype,
                                      page_tokens=pages.page_size,
                                      segment_bytes=[pages.page_bytes])
+        # What the raw-pointer forms of get/set store: bytes of any size the
+        # caller points at (reads check the size), keyed apart from pages.
+        self._raw_keys = key_scheme(self._config, layout=pages.layout + ".raw", dtype=dtype,
+                                    page_tokens=pages.page_size,
+                                    segment_bytes=pages.segment_bytes)
         self._exists_keys = self._page_keys if self._options.zero_copy else self._flat_keys
         self._pages = pages
         logger.info("gdrkv HiCache storage: %d-byte pages keyed %s<page hash>",
@@ -118,26 +124,69 @@ class GdrkvHiCacheStorage(HiCacheStorage):
         return found.index(False) if False in found else len(found)
 
     # ------------------------------------------------------------ copying (legacy)
+    #
+    # Two forms, as SGLang's own backends take them: flat page tensors
+    # (values, target_locations), or raw pointers (target_location(s) ints,
+    # or lists of ints for scattered pieces, with target_sizes in bytes, as
+    # SGLang's Mooncake store and its test use them). The pointer form
+    # answers as Mooncake's does: get and set True or False, batch_get how
+    # many keys from the start were read whole, batch_set whether all were
+    # stored.
 
     def get(self, key, target_location=None, target_sizes=None):
+        if _pointers([target_location]):
+            return self._raw_get([key], [target_location], [target_sizes]) == 1
         return self.batch_get([key], [target_location])[0]
 
-    @_fail_soft(lambda keys: [None] * len(keys))
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """Fills each target (a flat page tensor); None where it is missing."""
-        done = self._get(self._flat_keys, keys, *self._flat_pages(target_locations, len(keys)))
-        return [target if ok else None for target, ok in zip(target_locations, done)]
+        if _pointers(target_locations):
+            return self._raw_get(keys, target_locations, target_sizes)
+        return self._flat_get(keys, target_locations)
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
+        if value is None and _pointers([target_location]):
+            return self._raw_set([key], [target_location], [target_sizes])
         return self.batch_set([key], [value])
 
-    @_fail_soft(lambda keys: False)
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
         """Stores flat page tensors; True when all are stored."""
-        return all(self._put(self._flat_keys, keys, *self._flat_pages(values, len(keys))))
+        if values is None and _pointers(target_locations):
+            return self._raw_set(keys, target_locations, target_sizes)
+        return self._flat_set(keys, values)
 
     def exists(self, key):
-        return self.batch_exists([key]) == 1
+        """Whether the page, or an object the pointer form stored, is there."""
+        if self._raw_keys is None:
+            return self.batch_exists([key]) == 1
+        return self._any_exists([key])
+
+    @_fail_soft(lambda keys: [None] * len(keys))
+    def _flat_get(self, keys, targets):
+        done = self._get(self._flat_keys, keys, *self._flat_pages(targets, len(keys)))
+        return [target if ok else None for target, ok in zip(targets, done)]
+
+    @_fail_soft(lambda keys: False)
+    def _flat_set(self, keys, values):
+        return all(self._put(self._flat_keys, keys, *self._flat_pages(values, len(keys))))
+
+    @_fail_soft(lambda keys: 0)
+    def _raw_get(self, keys, ptrs, sizes):
+        expected = _raw_sizes(keys, ptrs, sizes)
+        results = self._client.batch_get(self._raw_keys.keys(keys), list(ptrs), list(sizes))
+        done = [r == n for r, n in zip(results, expected)]
+        return done.index(False) if False in done else len(done)
+
+    @_fail_soft(lambda keys: False)
+    def _raw_set(self, keys, ptrs, sizes):
+        _raw_sizes(keys, ptrs, sizes)
+        return self._client.batch_put(self._raw_keys.keys(keys), list(ptrs),
+                                      list(sizes)) == [0] * len(keys)
+
+    @_fail_soft(lambda keys: False)
+    def _any_exists(self, keys):
+        found = self._client.batch_exists(self._exists_keys.keys(keys) + self._raw_keys.keys(keys))
+        return any(found)
 
     def _flat_pages(self, tensors, n):
         """(ptrs, sizes) of n flat page tensors."""
@@ -182,8 +231,9 @@ class GdrkvHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------ the rest
 
     def clear(self):
-        """Removes every object of the configured namespace, including those
-        other engines sharing it wrote."""
+        """Removes every object of the namespace: by default this model's
+        SGLang pages alone (every rank's), but everything engines sharing a
+        namespace set in the config wrote."""
         try:
             removed = self._client.clear()
         except Exception as e:
@@ -199,6 +249,29 @@ class GdrkvHiCacheStorage(HiCacheStorage):
         self._client.close()
         if self._server:
             self._server.close()
+
+
+def _pointers(targets):
+    """Whether targets are raw pointers (ints, or lists of ints) rather than tensors."""
+    return bool(targets) and all(isinstance(t, int) or (isinstance(t, (list, tuple)) and t and
+                                                        all(isinstance(p, int) for p in t))
+                                 for t in targets)
+
+
+def _raw_sizes(keys, ptrs, sizes):
+    """The byte count of each key's pointer(s); ValueError where they do not match."""
+    if sizes is None or not (len(keys) == len(ptrs) == len(sizes)):
+        raise ValueError("the pointer form needs one target_location and one target_sizes "
+                         "per key")
+    totals = []
+    for ptr, size in zip(ptrs, sizes):
+        pieces = size if isinstance(size, (list, tuple)) else [size]
+        if isinstance(ptr, (list, tuple)) != isinstance(size, (list, tuple)) or \
+                (isinstance(ptr, (list, tuple)) and len(ptr) != len(pieces)) or \
+                not all(isinstance(n, int) and n > 0 for n in pieces):
+            raise ValueError(f"target_sizes {size!r} do not match target_location {ptr!r}")
+        totals.append(sum(pieces))
+    return totals
 
 
 def key_scheme(config, *, layout, dtype, page_tokens, segment_bytes):
@@ -221,8 +294,9 @@ def key_scheme(config, *, layout, dtype, page_tokens, segment_bytes):
                      logical_page_tokens=logical)
 
 
-def _connect(options):
-    """(embedded server or None, client) for the parsed extra config."""
+def _connect(options, model):
+    """(embedded server or None, client) for the parsed extra config; the
+    namespace is SGLang's and the model's unless the config names one."""
     server = None
     url = options.url
     if url is None:
@@ -233,7 +307,8 @@ def _connect(options):
                     "with no other (not with other TP ranks, DP replicas or restarts); run "
                     "`gdrkv serve` and set url to share them", options.embedded_memory, url)
     try:
-        return server, gdrkv.Client(url, **options.client_options)
+        return server, gdrkv.Client(url, **with_engine_namespace(
+            url, options.client_options, "sglang", model))
     except ValueError as e:
         if server:
             server.close()

@@ -26,7 +26,7 @@ from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
 import gdrkv
-from gdrkv.keys import KeyScheme
+from gdrkv.keys import KeyScheme, with_engine_namespace
 
 from .kv_layout import KVLayout
 from .mover import KVMover
@@ -225,7 +225,8 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
         block_size, _ = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
         self.shards = Shards(vllm_config, self.group, self.options, block_size)
         role_name = vllm_config.kv_transfer_config.kv_role
-        client_options = dict(self.options.client_options)
+        client_options = with_engine_namespace(self.options.url, self.options.client_options,
+                                               "vllm", self.options.model)
         if role == KVConnectorRole.WORKER:
             client_options.setdefault("conns", WORKER_CONNS)
         self.client = gdrkv.Client(self.options.url, **client_options)

@@ -19,6 +19,7 @@ namespace's keys apart. docs/keys.md has the full scheme.
 """
 import hashlib
 import re
+from urllib.parse import parse_qsl
 
 # Longest readable model name kept in a key; the digest covers the rest.
 _MODEL_NAME_CHARS = 48
@@ -107,6 +108,32 @@ class KeyScheme:
 
     def __repr__(self):
         return f"KeyScheme({self._prefix!r})"
+
+
+def engine_namespace(engine, model):
+    """The namespace an engine adapter uses unless told another one: the
+    engine and the model as keys name them ("sglang/Llama-3.1-8B~<12 hex>"),
+    so that engines never share objects by accident and an engine's clear()
+    (SGLang's flush) empties its own objects of that model only. Engines
+    meant to share set the same namespace explicitly. Without a model
+    name, the engine alone."""
+    engine = _name("engine", engine)
+    return f"{engine}/{_model(model)}" if model else engine
+
+
+def with_engine_namespace(url, options, engine, model):
+    """options, plus namespace=engine_namespace(engine, model) unless the
+    options or url's query already set one (even to "")."""
+    if "namespace" in options or "namespace" in url_query(url or ""):
+        return dict(options)
+    return {**options, "namespace": engine_namespace(engine, model)}
+
+
+def url_query(url):
+    """The options in a gdrkv:// URL's query string, {name: text}; nothing
+    else of the URL is looked at."""
+    query = url.partition("?")[2]
+    return dict(parse_qsl(query, keep_blank_values=True))
 
 
 def _model(model):
