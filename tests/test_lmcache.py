@@ -414,11 +414,72 @@ def test_deprecated_external_url_form(server, loop):
         worker.close()
 
 
-def test_adapter_answers_only_for_gdrkv_plugins():
+def test_adapter_answers_only_for_gdrkv_plugins_and_urls():
     adapter = GdrkvConnectorAdapter()
     assert adapter.can_parse("plugin://gdrkv") and adapter.can_parse("plugin://gdrkv.a")
     assert not adapter.can_parse("plugin://gdrkv2") and not adapter.can_parse("plugin://fs")
-    assert not adapter.can_parse("gdrkv://10.0.0.5:7480")
+    assert adapter.can_parse("gdrkv://10.0.0.5:7480")
+    assert not adapter.can_parse("redis://10.0.0.5:6379") and not adapter.can_parse("lm://h:1")
+
+
+def remote_url_config(server, **overrides):
+    """configs/lmcache/remote-url.yaml as LMCache reads it, with its url
+    pointed at server and the test's small buffer and timeouts."""
+    config = LMCacheEngineConfig.from_file(str(CONFIGS / "remote-url.yaml"))
+    config.remote_url = f"{server.url}?namespace={unique('ns')}"
+    config.max_local_cpu_size = 0.01
+    config.chunk_size = CHUNK_TOKENS
+    config.blocking_timeout_secs = BLOCKING_TIMEOUT_S
+    config.save_unfull_chunk = True
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return config
+
+
+def test_remote_url_form_writes_each_chunk_once(server, loop):
+    """remote_url: gdrkv://... with the plugin declared but given no url:
+    the remote_url backend stores and serves the chunks, the plugin's own
+    backend (which LMCache builds as well) stays idle, so nothing is
+    written twice."""
+    worker = Worker(loop, remote_url_config(server), engine_metadata(unique("model")))
+    try:
+        assert type(worker.connector(plugin=None)).__name__ == "GdrkvConnector"
+        assert type(worker.connector("gdrkv")).__name__ == "IdleConnector"
+        puts = server.stats()["puts"]
+        chunks = worker.store(tokens(2 * CHUNK_TOKENS + 3), plugin=None)
+        assert server.stats()["puts"] == puts + 3
+        worker.store(tokens(CHUNK_TOKENS), plugin="gdrkv")          # goes nowhere
+        assert server.stats()["puts"] == puts + 3
+        for key, ntokens in chunks:
+            assert not worker.remote("gdrkv").contains(key)
+            obj = worker.remote(plugin=None).get_blocking(key)
+            check_chunk(obj, key, ntokens, worker.metadata)
+            obj.ref_count_down()
+    finally:
+        worker.close()
+
+
+def test_basic_check_test_remote_passes(server, tmp_path):
+    """LMCache's own check of a remote store, run as its docs say, against
+    a gdrkv server through configs/lmcache/remote-url.yaml."""
+    config = (CONFIGS / "remote-url.yaml").read_text().replace(
+        "gdrkv://10.0.0.5:7480?timeout_ms=2000&token_file=/etc/gdrkv/token",
+        f"{server.url}?namespace={unique('ns')}").replace("max_local_cpu_size: 20",
+                                                         "max_local_cpu_size: 1")
+    assert server.url in config
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(config)
+    done = subprocess.run([sys.executable, "-m", "lmcache.v1.basic_check", "--mode",
+                           "test_remote", "--num-keys", "8"],
+                          env=dict(os.environ, LMCACHE_CONFIG_FILE=str(path),
+                                   PYTHONHASHSEED="0"),
+                          capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "Validation (content correct): 8/8 passed" in out, out[-4000:]
+    for op in ("EXISTS (non-exist)", "PUT", "EXISTS (exist)", "GET"):
+        assert any(line.startswith(f"| {op} ") and "8/8" in line for line in out.splitlines()), op
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
@@ -426,17 +487,22 @@ def test_config_examples_load_the_plugin(path, server, loop):
     """Each example, loaded by LMCache, builds a working gdrkv backend per
     plugin (with the example's addresses pointed at the test server)."""
     config = LMCacheEngineConfig.from_file(str(path))
-    assert config.remote_serde == "naive" and config.remote_url is None
+    assert config.remote_serde == "naive"
     assert config.extra_config["save_chunk_meta"] is False
     for plugin in config.remote_storage_plugins:
         settings = plugin_settings(plugin, "")
+        if config.remote_url:                   # remote-url.yaml: the plugin has no url
+            assert config.remote_url.startswith("gdrkv://"), path.name
+            config.remote_url = server.url
+            del settings[f"remote_storage_plugin.{plugin}.url"]
         for option in settings:
             assert option in config.extra_config, f"{path.name}: no {option}"
-        config.extra_config[f"remote_storage_plugin.{plugin}.url"] = server.url
+        if not config.remote_url:
+            config.extra_config[f"remote_storage_plugin.{plugin}.url"] = server.url
     config.max_local_cpu_size = 0.01
     worker = Worker(loop, config, engine_metadata(unique("model"), use_mla="mla" in path.name))
     try:
-        for plugin in config.remote_storage_plugins:
+        for plugin in ([None] if config.remote_url else config.remote_storage_plugins):
             assert worker.run(worker.connector(plugin).ping()) == 0
     finally:
         worker.close()

@@ -14,9 +14,12 @@ LMCACHE_EXTRA_CONFIG='{...}' in the environment):
 The url takes gdrkv.Client's options as query parameters
 (gdrkv://h1:7480,h2:7480?namespace=prod&timeout_ms=2000). Several stores at
 once: plugins gdrkv.a, gdrkv.b, ... each with its own
-remote_storage_plugin.gdrkv.a.* settings. Do not also set remote_url: LMCache
-would build a second backend and write everything twice. configs/lmcache/
-has complete examples.
+remote_storage_plugin.gdrkv.a.* settings.
+
+remote_url: gdrkv://host:port works too (what LMCache's basic_check
+--mode test_remote uses), with the plugin declared as above but without its
+url: that plugin's own backend then stays idle, so nothing is written twice
+(configs/lmcache/remote-url.yaml). configs/lmcache/ has complete examples.
 """
 from .adapter import GdrkvConnectorAdapter
 from .connector import GdrkvConnector
