@@ -30,6 +30,7 @@ from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: E40
 from lmcache.v1.token_database import ChunkedTokenDatabase  # noqa: E402
 
 from conftest import content, drain, unique, wait_for  # noqa: E402
+from gdrkv import E_TOO_LARGE, GdrkvError  # noqa: E402
 from gdrkv.adapters.lmcache import GdrkvConnectorAdapter  # noqa: E402
 
 CHUNK_TOKENS = 16
@@ -459,27 +460,70 @@ def test_remote_url_form_writes_each_chunk_once(server, loop):
         worker.close()
 
 
-def test_basic_check_test_remote_passes(server, tmp_path):
-    """LMCache's own check of a remote store, run as its docs say, against
-    a gdrkv server through configs/lmcache/remote-url.yaml."""
+def basic_check(server, tmp_path, mode, *args, local_cpu=True):
+    """LMCache's own check tool, run as its docs say, against server through
+    configs/lmcache/remote-url.yaml: its output."""
     config = (CONFIGS / "remote-url.yaml").read_text().replace(
         "gdrkv://10.0.0.5:7480?timeout_ms=2000&token_file=/etc/gdrkv/token",
-        f"{server.url}?namespace={unique('ns')}").replace("max_local_cpu_size: 20",
-                                                         "max_local_cpu_size: 1")
-    assert server.url in config
-    path = tmp_path / "lmcache.yaml"
+        f"{server.url}?namespace={unique('ns')}").replace(
+        "max_local_cpu_size: 20", "max_local_cpu_size: 1")
+    if not local_cpu:
+        config = config.replace("local_cpu: true", "local_cpu: false")
+    assert server.url in config and ("local_cpu: false" in config) != local_cpu
+    path = tmp_path / f"lmcache-{mode}.yaml"
     path.write_text(config)
-    done = subprocess.run([sys.executable, "-m", "lmcache.v1.basic_check", "--mode",
-                           "test_remote", "--num-keys", "8"],
-                          env=dict(os.environ, LMCACHE_CONFIG_FILE=str(path),
-                                   PYTHONHASHSEED="0"),
-                          capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "lmcache.v1.basic_check", "--mode", mode,
+                           *args], env=dict(os.environ, LMCACHE_CONFIG_FILE=str(path),
+                                            PYTHONHASHSEED="0"),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
+    return out
+
+
+def passed(out, op):
+    """The Pass/All column of op's row in basic_check's table."""
+    row, = [line for line in out.splitlines() if line.startswith(f"| {op} ")]
+    return row.split("|")[5].strip()
+
+
+def test_basic_check_test_remote_passes(server, tmp_path):
+    out = basic_check(server, tmp_path, "test_remote", "--num-keys", "8")
     assert "Validation (content correct): 8/8 passed" in out, out[-4000:]
     for op in ("EXISTS (non-exist)", "PUT", "EXISTS (exist)", "GET"):
-        assert any(line.startswith(f"| {op} ") and "8/8" in line for line in out.splitlines()), op
+        assert passed(out, op) == "8/8", op
+
+
+def test_basic_check_test_storage_manager(server, tmp_path):
+    """LMCache's StorageManager with local_cpu off, every chunk from and to
+    gdrkv. basic_check's default objects are 512 tokens where its metadata's
+    chunk_size is 256: longer than any chunk LMCache makes, and than the
+    buffer a read allocates, so they are refused at put (never stored to be
+    unreadable). Objects of one chunk (--obj-size 512) pass."""
+    out = basic_check(server, tmp_path, "test_storage_manager", "--num-keys", "8",
+                      "--obj-size", "512", local_cpu=False)
+    assert "Validation (content correct): 8/8 passed" in out, out[-4000:]
+    for op in ("EXISTS (non-exist)", "PUT", "EXISTS (exist)", "GET"):
+        assert passed(out, op) == "8/8", op
+    objects = server.stats()["objects"]
+    out = basic_check(server, tmp_path, "test_storage_manager", "--num-keys", "8",
+                      local_cpu=False)
+    assert passed(out, "GET") == "0/8" and server.stats()["objects"] == objects
+
+
+def test_chunks_longer_than_a_chunk_are_refused(server, make_worker):
+    worker = make_worker(server.url)
+    connector = worker.connector()
+    (key, _), (long_key, _) = worker.keys(tokens(CHUNK_TOKENS)) + worker.keys(tokens(CHUNK_TOKENS))
+    chunk = worker.chunk(key, CHUNK_TOKENS)
+    too_long = worker.local_cpu.allocate(worker.metadata.get_shapes(2 * CHUNK_TOKENS),
+                                         worker.metadata.get_dtypes(), worker.fmt)
+    with pytest.raises(GdrkvError) as refused:
+        worker.run(connector.batched_put([key, long_key], [chunk, too_long]))
+    assert refused.value.code == E_TOO_LARGE and "longer than a full chunk" in str(refused.value)
+    assert worker.run(connector.exists(key)) and not worker.run(connector.exists(long_key))
+    chunk.ref_count_down()
+    too_long.ref_count_down()
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)

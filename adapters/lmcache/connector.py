@@ -202,13 +202,22 @@ class GdrkvConnector(RemoteConnector):
         """Sends straight from the objects; when this returns the client no
         longer touches them, even after a timeout. Raises GdrkvError when
         some puts failed, for LMCache to log and count."""
+        # A chunk is at most chunk_size tokens (the reads allocate that
+        # much): anything longer could be stored but never read back.
+        fits = [obj.get_size() <= self.full_chunk_size_bytes for obj in memory_objs]
+        keys = [key for key, ok in zip(keys, fits) if ok]
+        memory_objs = [obj for obj, ok in zip(memory_objs, fits) if ok]
         results = await self._call(self.client.batch_put, self._keys.of(keys),
                                    [obj.data_ptr for obj in memory_objs],
-                                   [obj.get_size() for obj in memory_objs])
+                                   [obj.get_size() for obj in memory_objs]) if keys else []
         failed = [r for r in results if r < 0]
         if failed:
             raise gdrkv.GdrkvError(failed[0], f"{len(failed)} of {len(results)} puts failed, "
                                               f"first with: {gdrkv.strerror(failed[0])}")
+        if not all(fits):
+            raise gdrkv.GdrkvError(gdrkv.E_TOO_LARGE, f"{fits.count(False)} objects longer "
+                                   f"than a full chunk ({self.full_chunk_size_bytes} bytes) "
+                                   "were not stored")
 
     # ---------------------------------------------------------------- the rest
 
