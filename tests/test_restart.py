@@ -6,6 +6,7 @@ it died is dropped, never served. Over tcp, shm (both write modes) and rdma
 (softverbs). A file of another size, or no pool file at all, is refused with
 its reason unless reset; a file in use by a live server is refused."""
 import json
+import mmap
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ import uuid
 import pytest
 
 import gdrkv
+import wire
 from conftest import (batch_get_bytes, batch_put_bytes, check_read, content, run_gdrkv,
                       unique, wait_for)
 
@@ -159,6 +161,30 @@ def python_writer(url, ns, transport, log, batches):
     return subprocess.Popen([sys.executable, "-c", CHILD_PRELUDE + WRITER,
                              os.path.dirname(__file__), url, ns, transport, str(log),
                              str(batches)], stdin=subprocess.DEVNULL)
+
+
+def test_local_clients_get_the_file_read_only(server_factory, pool_file):
+    """What an shm client is handed instead of a sealed memfd: the pool
+    file, read-only, private to the server's user, and no larger mapping
+    or truncation through that descriptor."""
+    server = start(server_factory, pool_file, memory="64MiB")
+    with wire.connect_unix(server.unix_path) as conn:
+        hdr, results, fd = wire.hello(conn)
+    assert hdr.status == 0 and fd is not None
+    try:
+        (status, size), = results
+        st = os.fstat(fd)
+        assert status == 0 and size == 64 << 20 and st.st_size >= size
+        assert (st.st_ino, st.st_uid, st.st_mode & 0o777) == \
+            (os.stat(pool_file).st_ino, os.geteuid(), 0o600)
+        mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ).close()
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+    assert os.stat(pool_file).st_size > 64 << 20
 
 
 def test_the_file_is_checked_before_it_is_used(server_factory, pool_file, make_client):
