@@ -173,3 +173,60 @@ def test_wrong_options_are_refused_clearly(vllm_python, server, ns, extra, messa
 def test_another_vllm_version_is_refused(vllm_python, server, ns):
     report = engine(vllm_python, server, ns, [], pretend_version="0.34.0")
     assert "built for vllm 0.33.x, this is vllm 0.34.0" in report["error"]
+
+
+SHARDS = r'''
+import json
+from types import SimpleNamespace as NS
+import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from gdrkv.adapters.vllm.connector import Options, Shards
+
+def shards(spec, tp, pcp, dcp):
+    config = NS(parallel_config=NS(tensor_parallel_size=tp, pipeline_parallel_size=1,
+                                   prefill_context_parallel_size=pcp,
+                                   decode_context_parallel_size=dcp),
+                cache_config=NS(kv_cache_layout=None, cache_dtype="auto"))
+    group = NS(kv_cache_spec=spec, layer_names=[f"model.layers.{i}.attn" for i in range(4)])
+    return Shards(config, group, Options(url="gdrkv://local", blocks_per_key=1, model="m",
+                                         client_options={}), 16)
+
+mha = shards(FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64,
+                               dtype=torch.bfloat16), tp=4, pcp=2, dcp=2)
+mla = shards(MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576,
+                              dtype=torch.bfloat16), tp=4, pcp=2, dcp=2)
+ranks = [(tp, pcp) for tp in range(4) for pcp in range(2)]
+print(json.dumps({
+    "mha": {f"{tp},{pcp}": mha.scheme(tp, 0, pcp, tp % 2).prefix() for tp, pcp in ranks},
+    "mla": {f"{tp},{pcp}": mla.scheme(tp, 0, pcp, tp % 2).prefix() for tp, pcp in ranks},
+    "mha_all": mha.all_prefixes(), "mla_all": mla.all_prefixes(),
+    "mha_writes": [mha.writes(tp, tp % 2) for tp in range(4)],
+    "mla_writes": [mla.writes(tp, tp % 2) for tp in range(4)],
+}))
+'''
+
+
+def test_context_parallel_ranks_in_keys(vllm_python):
+    """PCP and DCP (TP 4, PCP 2, DCP 2): every rank whose KV bytes differ
+    keys its own shard, and ranks holding the same bytes share one. MHA:
+    each TP rank and PCP rank its own (a worker's DCP rank follows from its
+    TP rank). MLA: TP ranks of one DCP rank hold the same bytes, so keys
+    carry the DCP and PCP ranks only, and the first TP rank of each DCP
+    rank writes."""
+    got = run_vllm_script(vllm_python, ["-c", SHARDS], vllm_env())
+    mha, mla = got["mha"], got["mla"]
+    assert len(set(mha.values())) == 8 and sorted(got["mha_all"]) == sorted(mha.values())
+    for key, prefix in mha.items():
+        tp, pcp = map(int, key.split(","))
+        parts = prefix.split("/")
+        assert f"tp{tp}of4" in parts and f"cp{pcp}of2" in parts
+        assert not [p for p in parts if p.startswith("dcp")], prefix
+    assert got["mha_writes"] == [True] * 4
+    assert len(set(mla.values())) == 4 and sorted(got["mla_all"]) == sorted(set(mla.values()))
+    for key, prefix in mla.items():
+        tp, pcp = map(int, key.split(","))
+        parts = prefix.split("/")
+        assert not [p for p in parts if p.startswith("tp")], prefix
+        assert f"dcp{tp % 2}of2" in parts and f"cp{pcp}of2" in parts, prefix
+        assert prefix == mla[f"{(tp + 2) % 4},{pcp}"]       # same DCP rank, same bytes
+    assert got["mla_writes"] == [True, True, False, False]
