@@ -54,6 +54,8 @@ def test_compare_reports_every_system(tmp_path):
     for engine, module in (("sglang", "sglang"), ("lmcache", "lmcache")):
         if installed(module):
             assert engines["systems"][f"{engine} gdrkv tcp"] == "measured", engines["systems"]
+            if engine == "lmcache":     # its own lm:// server, started by the bench
+                assert engines["systems"]["lmcache lm"] == "measured", engines["systems"]
         else:
             assert engines["systems"][engine].startswith("not installed")
     engine_rows = {(r["engine"], r["system"], r["op"]) for r in engines["results"]}

@@ -99,7 +99,7 @@ def _compare(args, logs):
                    for row in _compare_size(measured, failed, size, args, ceilings, progress)]
         results = [row for row in results if row["system"] not in failed]
         engine_results, engine_failures = bench_engines.run(url, stores, engines, args,
-                                                            progress)
+                                                            progress, logs)
     _add_ratios(results, "system", ("size", "op"), BASELINE)
     _add_ratios(engine_results, "system", ("engine", "op"), BASELINE)
     return {

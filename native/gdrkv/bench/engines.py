@@ -7,7 +7,8 @@ page size and layout. The cache controller calls a zero-copy backend's
 batch_set_v1/batch_get_v1, and HiCacheFile (which has no v1 methods)
 through batch_set/batch_get of flat page copies, so each is measured on the
 path SGLang takes for it. LMCache: the gdrkv plugin against its redis://
-backend, through RemoteBackend, on the same chunks.
+backend and its own lm:// server (started here), through RemoteBackend, on
+the same chunks.
 
 The host pool is a duck-typed page_first MHA pool (real SGLang host pools
 need a GPU stack to import); its geometry and page methods are those of
@@ -22,7 +23,7 @@ import tempfile
 import threading
 
 from .harness import measure
-from .peers import redis_port
+from .peers import lmcache_server, redis_port
 
 # SGLang's STORAGE_BATCH_SIZE: the most pages the controller passes at once.
 SGLANG_PAGES_PER_CALL = 128
@@ -60,10 +61,12 @@ def available(stores):
             reasons[f"{engine} redis"] = stores["redis"]
         else:
             runnable.append((engine, peer))
+        if engine == "lmcache":
+            runnable.append((engine, "lm"))
     return runnable, reasons
 
 
-def run(url, stores, runnable, args, progress):
+def run(url, stores, runnable, args, progress, logs):
     """Measures every (engine, system) of runnable: (result rows, {"engine
     system": why it failed}). A peer engine's failure must not cost the
     rest of the comparison, so each is caught and reported instead."""
@@ -71,7 +74,7 @@ def run(url, stores, runnable, args, progress):
     for engine, system in runnable:
         measure = _sglang if engine == "sglang" else _lmcache
         try:
-            results += measure(url, stores, system, args, progress)
+            results += measure(url, stores, system, args, progress, logs)
         except Exception as e:  # noqa: BLE001 (whatever the engine raises)
             failures[f"{engine} {system}"] = f"failed: {e!r}"
     return results, failures
@@ -188,7 +191,7 @@ class _CopiedPages:
         return True
 
 
-def _sglang(url, stores, system, args, progress):
+def _sglang(url, stores, system, args, progress, logs):
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
 
     from ..adapters.sglang_hicache import GdrkvHiCacheStorage
@@ -254,17 +257,27 @@ def _sglang_rounds(system, backend, pages, pool, npages, args, progress):
 
 # ---------------------------------------------------------------- LMCache
 
-def _lmcache(url, stores, system, args, progress):
+def _lmcache(url, stores, system, args, progress, logs):
     nchunks = min(args.count, LMCACHE_CHUNKS_PER_CALL)
-    if system.startswith("gdrkv "):
-        namespace = f"gdrkv-compare-lmcache-{os.getpid()}"
-        target = {"plugin": f"{url}?namespace={namespace}&transport={_transport(system)}"}
-        clear = _gdrkv_clearer(url, namespace)
-    else:
-        target = {"remote_url": f"redis://127.0.0.1:{redis_port(stores['redis'])}"}
-        clear = stores["redis"].redis.flushdb
-    with _LMCacheWorker(target, nchunks) as worker:
-        return _lmcache_rounds(system, worker, clear, nchunks, args, progress)
+    with contextlib.ExitStack() as stack:
+        if system.startswith("gdrkv "):
+            namespace = f"gdrkv-compare-lmcache-{os.getpid()}"
+            target = {"plugin": f"{url}?namespace={namespace}&transport={_transport(system)}"}
+            clear = _gdrkv_clearer(url, namespace)
+        elif system == "lm":
+            target = {"remote_url": f"lm://127.0.0.1:{lmcache_server(stack, logs)}"}
+            # The lm:// server can't be emptied; a put of a key it holds
+            # replaces the value, which costs what a fresh put does.
+            clear = _nothing
+        else:
+            target = {"remote_url": f"redis://127.0.0.1:{redis_port(stores['redis'])}"}
+            clear = stores["redis"].redis.flushdb
+        with _LMCacheWorker(target, nchunks) as worker:
+            return _lmcache_rounds(system, worker, clear, nchunks, args, progress)
+
+
+def _nothing():
+    pass
 
 
 def _gdrkv_clearer(url, namespace):

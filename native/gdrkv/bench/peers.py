@@ -222,6 +222,19 @@ def _redis(stack, logs):
     return RedisStore(port)
 
 
+def lmcache_server(stack, logs):
+    """Starts LMCache's own remote store, its `lm://` server
+    (python -m lmcache.v1.server), stopped with the stack: its port."""
+    try:
+        import lmcache.v1.server  # noqa: F401  (only whether it imports)
+    except ImportError:
+        raise _Unavailable("not installed (tests/install_engines.sh)") from None
+    port = _free_port()
+    _start(stack, [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
+           os.path.join(logs, "lmcache_server.log"), port)
+    return port
+
+
 def redis_port(store):
     """The port of the Redis server open_stores() started (the LMCache
     shootout points LMCache's redis:// backend at it)."""
