@@ -2,8 +2,8 @@
 against the storage the engines ship, each driven through the engine's own
 storage interface the way the engine drives it.
 
-SGLang: GdrkvHiCacheStorage against HiCacheFile, on the same host pool,
-page size and layout. The cache controller calls a zero-copy backend's
+SGLang: GdrkvHiCacheStorage against HiCacheFile (in /dev/shm), on the same
+host pool, page size and layout. The cache controller calls a zero-copy backend's
 batch_set_v1/batch_get_v1, and HiCacheFile (which has no v1 methods)
 through batch_set/batch_get of flat page copies, so each is measured on the
 path SGLang takes for it. LMCache: the gdrkv plugin against its redis://
@@ -37,6 +37,7 @@ LMCACHE_CHUNKS_PER_CALL = 64
 LMCACHE_TIMEOUT_S = 30
 LMCACHE_CLOSE_TIMEOUT_S = 5
 MODEL = "gdrkv-bench/model"
+_TMPFS = "/dev/shm" if os.path.isdir("/dev/shm") else None
 OPS = ("set", "exists", "get")
 
 
@@ -213,7 +214,9 @@ def _sglang(url, stores, system, args, progress, logs):
             stack.callback(backend.close)
             pages = _ZeroCopyPages(backend)
         else:
-            folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-")
+            # On tmpfs where there is one: the file backend at memory speed,
+            # as its users who benchmark it run it.
+            folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-", dir=_TMPFS)
             stack.callback(shutil.rmtree, folder, ignore_errors=True)
             backend = HiCacheFile(config({"file_storage_path": folder}))
             pages = _CopiedPages(backend, pool)
