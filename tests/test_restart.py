@@ -82,9 +82,10 @@ def test_acknowledged_objects_survive_a_restart(server_factory, make_client, poo
     assert writer.batch_exists(["after", keys[0], keys[1]]) == [True, False, True]
 
 
-# A child that writes batches of 16 objects of 1 MiB back to back (every
-# value made beforehand) and appends "start N" before batch N and "acked N"
-# once it returned all zeros, until the server goes away.
+# A child that writes batches of 16 objects of 1 MiB (every value made
+# beforehand), 10 ms apart so that it can't finish before the parent stops
+# the server, and appends "start N" before batch N and "acked N" once it
+# returned all zeros, until the server goes away.
 WRITER = """
 from conftest import content
 client = gdrkv.Client(ARGS[0], namespace=ARGS[1], transport=ARGS[2], timeout_ms=2000)
@@ -108,6 +109,7 @@ for batch in range(batches):
     if results != [0] * 16:
         break
     log.write(f"acked {batch}\\n")
+    time.sleep(0.01)
 """
 
 
@@ -128,9 +130,12 @@ def test_sigkill_in_the_middle_of_puts(server_factory, pool_file, tmp_path, tran
     batches = 24                        # 384 MiB: nothing is evicted
     writer = python_writer(server.url, ns, transport, log, batches)
     wait_for(lambda: "ready\n" in log.read_text(), 60, "the writer's values")
-    wait_for(lambda: "start 4\n" in log.read_text(), 60, "four batches written")
-    # Frozen first, so that the writer is surely waiting on a batch when
-    # the kill comes.
+    # Polled closely: a batch takes a few ms, and the server is frozen as
+    # soon as one starts, so the kill mostly lands with a batch in flight.
+    deadline = time.monotonic() + 60
+    while "start 4\n" not in log.read_text():
+        assert time.monotonic() < deadline, "the writer did not reach its fifth batch"
+        time.sleep(0.001)
     server.proc.send_signal(signal.SIGSTOP)
     time.sleep(0.05)
     server.kill()
