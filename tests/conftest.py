@@ -462,6 +462,27 @@ def make_client():
 
 
 @pytest.fixture
+def make_backend(server):
+    """make_backend(options=..., **storage config fields) -> gdrkv's SGLang
+    HiCache backend on the module's server in this test's namespace, closed
+    at teardown (the SGLang tests; imports SGLang on first use)."""
+    import sglang_pools as sp
+    from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage
+
+    namespace = unique("ns")
+    backends = []
+
+    def make(options=None, **fields):
+        extra = sp.extra_config(server.url, namespace=namespace, **(options or {}))
+        backends.append(GdrkvHiCacheStorage(sp.storage_config(extra=extra, **fields), {}))
+        return backends[-1]
+
+    yield make
+    for backend in backends:
+        backend.close()
+
+
+@pytest.fixture
 def client(server, make_client):
     """A client of the module's server in a namespace of its own, so tests
     sharing the server never see each other's keys."""

@@ -101,9 +101,81 @@ def make_pool(attention, layout, page_size, **kwargs):
 
 
 def fill_random(pool, seed):
-    flat = pool.kv_buffer.view(-1).view(torch.uint8)
-    flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8,
-                             generator=torch.Generator().manual_seed(seed)))
+    """Seeded random bytes in every buffer of the pool (the KV buffer, or a
+    side pool's state, indexer or compressed buffers)."""
+    generator = torch.Generator().manual_seed(seed)
+    buffers = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") \
+        else [pool.kv_buffer]
+    for buffer in buffers:
+        flat = buffer.view(-1).view(torch.uint8)
+        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=generator))
+
+
+def zero(pool):
+    buffers = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") \
+        else [pool.kv_buffer]
+    for buffer in buffers:
+        buffer.zero_()
+
+
+# ---------------------------------------------------------------- side pools
+#
+# The HiCache v2 side pools of hybrid models, SGLang's own classes built on
+# CPU tensors the way its pool assembler builds them.
+
+def mamba_pool(slots=8, layers=2, seed=0, conv_states=2, temporal_dtype=torch.float32,
+               conv_dtype=torch.bfloat16):
+    """A MambaPoolHost (page_first, one state slot a page) over device
+    state of `layers` layers: an SSM (temporal) state of 4x8 and
+    conv_states conv states of 6x3."""
+    info = _sglang("mem_cache.device_pool_info", "MambaStateBufferInfo")(
+        temporal=torch.zeros(layers, slots, 4, 8, dtype=temporal_dtype),
+        conv=tuple(torch.zeros(layers, slots, 6, 3, dtype=conv_dtype)
+                   for _ in range(conv_states)))
+    pool = _sglang("mem_cache.pool_host.mamba", "MambaPoolHost")(
+        info, 1.0, 0, device_capacity=slots, pin_memory=False, layout="page_first")
+    fill_random(pool, seed)
+    return pool
+
+
+def dsa_pools(page_size, pages=8, layer_num=2, seed=0, layout="page_first"):
+    """(device pool, MLA KV host pool, DSA indexer host pool) of a DeepSeek-V3.2-style
+    model: the indexer pool rides on the KV pool's pages (indices_from_pool
+    KV) with 128-wide index keys and their scales per token and layer."""
+    device_pool = _sglang("mem_cache.memory_pool", "DSATokenToKVPool")
+    parallel = _sglang("runtime_context", "get_parallel")()
+    with parallel.override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_dcp_size=1,
+                           attn_dcp_rank=0):
+        device = device_pool(DEVICE_PAGES * page_size, page_size, 16, torch.bfloat16, 8,
+                             layer_num, "cpu", 128, False, 24, start_layer=0,
+                             end_layer=layer_num - 1)
+    host_pool = _sglang("mem_cache.pool_host.mla", "MLATokenToKVPoolHost")
+    kv = host_pool(device.get_device_pool_infos()[0].buffer_info,
+                   target_layer_num=device.layer_num, override_kv_cache_dim=device.kv_cache_dim,
+                   **_host_args(device, page_size, pages, layout))
+    decl = _sglang("mem_cache.pool_host.dsa", "make_dsa_indexer_pool_decl")(device)
+    indexer = _sglang("mem_cache.pool_host.dsa", "DSAIndexerPoolHost")(decl, kv,
+                                                                      pin_memory=False)
+    fill_random(kv, seed)
+    fill_random(indexer, seed + 1)
+    return device, kv, indexer
+
+
+def deepseek_v4_pools(names, page_size=4, pages=8, seed=0):
+    """(logical anchor, {name: DeepSeekV4PagedHostPool}) as SGLang builds
+    DeepSeek V4's HiCache: the anchor holds page indices only, each
+    compressed pool a 128-byte row per page and layer (two layers)."""
+    anchor = _sglang("mem_cache.memory_pool_host", "LogicalHostPool")(
+        pages * page_size, page_size, "page_first")
+    paged = _sglang("mem_cache.memory_pool_host", "DeepSeekV4PagedHostPool")
+    pools = {}
+    for i, name in enumerate(names):
+        pools[name] = paged(name, [torch.zeros(DEVICE_PAGES, 256, dtype=torch.uint8)
+                                   for _ in range(2)],
+                            item_bytes=64, num_host_pages=pages, slot_page_size=page_size,
+                            layout="page_first", pin_memory=False)
+        fill_random(pools[name], seed + i)
+    return anchor, pools
 
 
 def page_bytes(pool, page):
@@ -137,6 +209,11 @@ def page_hashes(tokens, page_size):
     """SGLang's SHA-256 chain hashes of the full pages of tokens (the
     function behind the controller's get_storage_hash_str)."""
     return get_native_hash(tokens, None, page_size)
+
+
+def hashes(n, page_size=4, salt=0):
+    """The page hashes of n pages of distinct tokens (salt picks the tokens)."""
+    return page_hashes([salt * 1_000_003 + t for t in range(n * page_size)], page_size)
 
 
 # ---------------------------------------------------------------- controller
@@ -199,6 +276,67 @@ class Controller:
 
     def close(self):
         self.cc.detach_storage_backend()
+
+
+class HybridController(Controller):
+    """SGLang's HybridCacheController (the hybrid models' controller) over a
+    HostPoolGroup of a KV host pool and side pools {name: host pool},
+    attached through the dynamic factory; backup and prefetch carry the
+    side pools' PoolTransfers the way SGLang's radix tree builds them."""
+
+    def __init__(self, device, kv, sides, extra, *, tp_rank=0, tp_size=1, model="test/model"):
+        self.pool, self.sides = kv, sides
+        group = _sglang("mem_cache.pool_host.group", "HostPoolGroup")
+        entry = _sglang("mem_cache.pool_host.group", "PoolEntry")
+        pools = group([entry(name="kv", host_pool=kv, device_pool=device,
+                             layer_mapper=lambda i: i, is_primary_index_anchor=True),
+                       *(entry(name=name, host_pool=pool, device_pool=None,
+                               layer_mapper=lambda i: i) for name, pool in sides.items())])
+        allocator = _sglang("mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator")(
+            device.size, kv.page_size, device.dtype, "cpu", device, False)
+        controller = _sglang("mem_cache.hybrid_cache.hybrid_cache_controller",
+                             "HybridCacheController")
+        parallel = _sglang("runtime_context", "get_parallel")()
+        with parallel.override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+                               attn_dcp_size=1, attn_dcp_rank=0):
+            self.cc = controller(allocator, pools, kv.page_size, None, threading.Event(),
+                                 storage_backend="dynamic", model_name=model,
+                                 storage_backend_extra_config=extra)
+
+    def backup(self, tokens, pages, extra_pools):
+        """Backs up the pages of tokens held in KV host pages `pages` and the
+        side pools' transfers: (tokens stored, pages stored per side pool)."""
+        self.cc.write_storage(indices(self.pool, pages), tokens,
+                              hash_value=page_hashes(tokens, self.pool.page_size),
+                              extra_pools=extra_pools)
+        operation = self.cc.ack_backup_queue.get(timeout=self.TIMEOUT_S)
+        return operation.completed_tokens, operation.pool_storage_result.extra_pool_hit_pages
+
+    def prefetch(self, tokens, pages, extra_pools, side_indices):
+        """Asks for tokens with the side pools' transfers and lands the hit in
+        KV host pages `pages` and each side pool's host indices
+        side_indices[name]: (tokens found, tokens completed, pages loaded
+        per side pool)."""
+        handle = _sglang("mem_cache.base_prefix_cache", "CacheRequestHandle")("rid", 0)
+        operation = self.cc.prefetch(handle, tokens, extra_pools=extra_pools)
+        assert self.cc.prefetch_hit_queue.get(timeout=self.TIMEOUT_S) is operation
+        found = operation.storage_hit_count
+        if found == 0:
+            return 0, 0, {}
+        operation.host_indices = indices(self.pool, pages[:found // self.pool.page_size])
+        for transfer in operation.pool_transfers:
+            if transfer.name in side_indices:
+                transfer.host_indices = side_indices[transfer.name]
+        self.cc.prefetch_buffer.put(operation)
+        completed, loaded = 0, {}
+        while True:
+            ack = self.cc.ack_prefetch_queue.get(timeout=self.TIMEOUT_S)
+            if ack.completed_tokens is not None:
+                completed = ack.completed_tokens
+            if ack.pool_hits:
+                loaded = {name: n for name, n in ack.pool_hits.items() if n}
+            if ack.completed_req:
+                return found, completed, loaded
 
 
 # ---------------------------------------------------------------- subprocess

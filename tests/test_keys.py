@@ -65,7 +65,7 @@ def schemes(draw):
 ADAPTER_KEYS = """
 import json, sys
 from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash
-from gdrkv.adapters.sglang_hicache.storage import key_scheme
+from gdrkv.adapters.sglang_hicache.page_keys import key_scheme
 import sglang_pools
 out = []
 for case in json.load(sys.stdin):
@@ -122,7 +122,7 @@ def adapter_prefix(**config):
     HiCacheStorageConfig with these fields."""
     engines.require("sglang.srt.mem_cache.hicache_storage")
     import sglang_pools
-    from gdrkv.adapters.sglang_hicache.storage import key_scheme
+    from gdrkv.adapters.sglang_hicache.page_keys import key_scheme
 
     return key_scheme(sglang_pools.storage_config(**config), layout="page_first", dtype="bf16",
                       page_tokens=64, segment_bytes=[4096, 4096]).prefix()

@@ -19,13 +19,13 @@ import engines
 engines.require("sglang.srt.mem_cache.hicache_storage")
 engines.torchvision_stand_in()
 import torch  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
     HybridCacheController)
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
 
 import sglang_pools as sp  # noqa: E402
+from sglang_pools import hashes  # noqa: E402
 from conftest import background, counted, run_threads, unique, wait_for  # noqa: E402
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
 from gdrkv.keys import engine_namespace  # noqa: E402
@@ -35,30 +35,9 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs", "sglang")
 POOL_PAGES = 8
 
 
-@pytest.fixture
-def make_backend(server):
-    """make_backend(**storage_config fields, options=...) -> a backend on the
-    module's server in this test's namespace, closed at teardown."""
-    namespace = unique("ns")
-    backends = []
-
-    def make(options=None, **fields):
-        extra = sp.extra_config(server.url, namespace=namespace, **(options or {}))
-        backends.append(GdrkvHiCacheStorage(sp.storage_config(extra=extra, **fields), {}))
-        return backends[-1]
-
-    yield make
-    for backend in backends:
-        backend.close()
-
-
 def attached(backend, pool):
     backend.register_mem_pool_host(pool)
     return backend
-
-
-def hashes(n, page_size=4, salt=0):
-    return sp.page_hashes([salt * 1_000_003 + t for t in range(n * page_size)], page_size)
 
 
 def same_pages(a, a_pages, b, b_pages):
@@ -395,14 +374,6 @@ def test_clear_and_metrics(make_backend):
     assert backend.get_stats().prefetch_pgs == []                       # drained
     assert make_backend().get_stats() is None                           # metrics off
     assert backend.clear() is True and backend.batch_exists(keys) == 0
-
-
-def test_hybrid_sidecar_pools_are_refused_at_attach(make_backend):
-    pool = sp.mha_pool("page_first", 16)
-    backend = attached(make_backend(), pool)
-    backend.register_mem_host_pool_v2(pool, PoolName.KV)
-    with pytest.raises(NotImplementedError, match="mamba"):
-        backend.register_mem_host_pool_v2(pool, PoolName.MAMBA)
 
 
 def test_packed_fp8_needs_the_logical_dtype(make_backend):

@@ -3,11 +3,14 @@
 A page is one object made of the (pointer, size) segments the pool's
 get_page_buffer_meta gives for it: K then V for MHA page_first layouts, one
 K and one V per layer for layer_first, one segment (page_first) or one per
-layer (layer_first) for MLA, and so on. Only the methods and attributes that
-SGLang's own duck-typed test pools have are required (kv_buffer, layout,
-page_size, get_page_buffer_meta); the rest is read when present.
+layer (layer_first) for MLA, the temporal and conv states of a Mamba slot,
+one indexer row of a DSA page, and so on. Only the methods and attributes
+that SGLang's own duck-typed test pools have are required (kv_buffer,
+layout, page_size, get_page_buffer_meta); the rest is read when present.
 """
 import torch
+
+from gdrkv.keys import dtype_name
 
 # Every tensor attribute a host pool keeps page bytes in. Some are views of
 # others (MHA's k_buffer and v_buffer are halves of kv_buffer), so their
@@ -37,6 +40,16 @@ class HostPages:
                 raise ValueError("the host pool has neither a dtype nor a kv_buffer")
             dtype = tensors[0].dtype
         return dtype
+
+    def element_types(self):
+        """The element types of the pool's buffers, in order, joined by "+"
+        ("fp32+bf16" for a Mamba pool with fp32 SSM and bf16 conv states)."""
+        names = []
+        for tensor in _tensors(self.pool):
+            name = _element_name(tensor.dtype)
+            if name not in names:
+                names.append(name)
+        return "+".join(names)
 
     def memory_ranges(self):
         """The pool's buffers as disjoint (address, nbytes) ranges."""
@@ -69,7 +82,13 @@ class HostPages:
 
 
 def _tensors(pool):
+    """The pool's buffers: those it exposes for registration
+    (get_hybrid_pool_buffer, as SGLang's Mooncake store reads them), then
+    the well-known attributes."""
     tensors = []
+    hybrid = getattr(pool, "get_hybrid_pool_buffer", None)
+    if callable(hybrid):
+        tensors.extend(t for t in hybrid() if isinstance(t, torch.Tensor))
     for name in _BUFFER_ATTRS:
         value = getattr(pool, name, None)
         if isinstance(value, torch.Tensor):
@@ -77,3 +96,10 @@ def _tensors(pool):
         elif isinstance(value, (list, tuple)):
             tensors.extend(t for t in value if isinstance(t, torch.Tensor))
     return tensors
+
+
+def _element_name(dtype):
+    try:
+        return dtype_name(dtype)
+    except ValueError:                  # int32 slot state and the like
+        return str(dtype).removeprefix("torch.")

@@ -11,13 +11,15 @@ import logging
 import threading
 import time
 
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolName
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolName, PoolTransferResult
 
 import gdrkv
-from gdrkv.keys import DTYPE_BYTES, KeyScheme, dtype_name, with_engine_namespace
+from gdrkv.keys import DTYPE_BYTES, dtype_name, with_engine_namespace
 
 from .options import ADAPTER_KEYS, SGLANG_KEYS, parse_extra_config
+from .page_keys import key_scheme
 from .pages import HostPages
+from .side_pools import SidePool, hit_result
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,12 @@ class GdrkvHiCacheStorage(HiCacheStorage):
         # schemes of its zero-copy, copied (flat) and raw-pointer objects.
         self._pages = self._page_keys = self._flat_keys = self._exists_keys = None
         self._raw_keys = None
+        # HiCache v2: the KV dtype keys name, whether the anchor pool is
+        # logical (DeepSeek V4: indices only, side pools hold the bytes), and
+        # every side pool by name.
+        self._kv_dtype = None
+        self._logical_anchor = False
+        self._side_pools = {}
         if storage_config.tp_lcm_size:
             logger.warning("gdrkv ignores tp_lcm_size: pages are keyed by TP rank and size, "
                            "so deployments of different TP sizes do not share them")
@@ -68,6 +76,14 @@ class GdrkvHiCacheStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host):
         super().register_mem_pool_host(mem_pool_host)
+        if getattr(mem_pool_host, "kv_buffer", None) is None:
+            # A logical anchor (SGLang's LogicalHostPool, as its Mooncake
+            # store tells it): its pages have no bytes; the side pools
+            # registered next carry them.
+            self._logical_anchor = True
+            self._kv_dtype = self._options.kv_cache_dtype
+            logger.info("gdrkv HiCache storage: logical KV anchor, side pools hold the pages")
+            return
         pages = HostPages(mem_pool_host)
         dtype = self._options.kv_cache_dtype or pages.dtype()
         if dtype_name(dtype) == "u8":
@@ -95,31 +111,126 @@ class GdrkvHiCacheStorage(HiCacheStorage):
                                     segment_bytes=pages.segment_bytes)
         self._exists_keys = self._page_keys if self._options.zero_copy else self._flat_keys
         self._pages = pages
+        self._kv_dtype = dtype
         logger.info("gdrkv HiCache storage: %d-byte pages keyed %s<page hash>",
                     pages.page_bytes, self._exists_keys.prefix())
 
+    # ------------------------------------------------------------ HiCache v2
+    #
+    # Hybrid models keep side pools next to the KV pages: Mamba/SWA states,
+    # DSA indexer rows, DeepSeek V4 compressed pools, speculative draft KV.
+    # A side pool's object of a page is keyed by the page's hash under the
+    # pool's own prefix (pool name, layout, element types, geometry), so it
+    # never meets a KV page or another pool's object (side_pools.py).
+
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
-        # The KV pool arrives here too and is the one registered above.
-        if host_pool_name != PoolName.KV:
-            raise NotImplementedError(
-                f"gdrkv does not store the {str(host_pool_name)!r} host pool yet: hybrid "
-                "models (Mamba/SWA state, DSA indexer) and speculative draft pools need "
-                "HiCache storage v2, which gdrkv does not implement")
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if host_pool_name == PoolName.KV:
+            # The anchor, registered above (or here first by a caller that
+            # only speaks v2).
+            if self._pages is None and not self._logical_anchor:
+                self.register_mem_pool_host(host_pool)
+            return
+        side = SidePool(host_pool, str(host_pool_name), self._config, self._kv_dtype)
+        for ptr, nbytes in side.pages.memory_ranges():
+            self._client.register(ptr, nbytes)
+        self._side_pools[str(host_pool_name)] = side
+        logger.info("gdrkv HiCache storage: %s side pool, %d-byte pages keyed %s<page hash>",
+                    host_pool_name, side.pages.page_bytes, side.keys.prefix())
+
+    def on_host_pools_registered(self):
+        if self._logical_anchor and not self._side_pools:
+            raise ValueError("the HiCache host pool is a logical anchor without side pools: "
+                             "it holds no bytes that gdrkv could store")
+
+    @_fail_soft(lambda keys: PoolTransferResult(0, {}, []))
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The usable prefix over KV and every pool's hit policy, from one
+        batch_exists round trip per server for all of them."""
+        transfers = list(pool_transfers or [])
+        if self._logical_anchor and not transfers:
+            return PoolTransferResult(0, {}, [])
+        queries = [] if self._logical_anchor else self._exists_keys.keys(keys)
+        spans = []
+        for transfer in transfers:
+            side = self._side_pool(transfer.name)
+            pool_keys = side.exists_keys(keys, transfer)
+            spans.append((transfer, len(queries), len(pool_keys)))
+            queries += side.keys.keys(pool_keys)
+        found = self._client.batch_exists(queries) if queries else []
+        kv_found = [True] * len(keys) if self._logical_anchor else found[:len(keys)]
+        return hit_result(kv_found, [(transfer, found[start:start + n])
+                                     for transfer, start, n in spans])
+
+    @_fail_soft(lambda transfers: {t.name: [False] * len(t.keys or []) for t in transfers})
+    def batch_get_v2(self, transfers, extra_info=None):
+        return self._move_v2("get", transfers)
+
+    @_fail_soft(lambda transfers: {t.name: [False] * len(t.keys or []) for t in transfers})
+    def batch_set_v2(self, transfers, extra_info=None):
+        return self._move_v2("put", transfers)
+
+    def _side_pool(self, name):
+        side = self._side_pools.get(str(name))
+        if side is None:
+            raise ValueError(f"no {str(name)!r} host pool was registered")
+        return side
+
+    def _move_v2(self, op, transfers):
+        """Every transfer's pages in one batched call; per pool, whether each
+        page arrived whole (get) or is stored (put)."""
+        results, plan = {}, []
+        keys, ptrs, sizes, expected = [], [], [], []
+        for transfer in transfers:
+            n = len(transfer.keys or [])
+            if transfer.name == PoolName.KV and self._logical_anchor:
+                results[transfer.name] = [True] * n         # nothing to move
+                continue
+            try:
+                if transfer.name == PoolName.KV:
+                    pages, scheme = self._pages, self._page_keys
+                else:
+                    side = self._side_pool(transfer.name)
+                    pages, scheme = side.pages, side.keys
+                pool_ptrs, pool_sizes = pages.segments(transfer.host_indices, n)
+            except (ValueError, AttributeError) as e:
+                self._log.warning(op + "_v2", "gdrkv %s of the %s pool refused: %s", op,
+                                  transfer.name, e)
+                results[transfer.name] = [False] * n
+                continue
+            plan.append((transfer.name, len(keys), n, pages.page_bytes))
+            keys += scheme.keys(transfer.keys or [])
+            ptrs += pool_ptrs
+            sizes += pool_sizes
+            expected += [pages.page_bytes] * n
+        if keys:
+            done = self._transfer(op, keys, ptrs, sizes, expected)
+            for name, start, n, _ in plan:
+                results[name] = done[start:start + n]
+        return results
 
     # ------------------------------------------------------------ zero copy (v1)
 
+    # A logical anchor's pages have no bytes: moving them is done at once
+    # (the side pools move the state), but alone they never count as a hit.
+
     @_fail_soft(lambda keys: [False] * len(keys))
     def batch_get_v1(self, keys, host_indices, extra_info=None):
+        if self._logical_anchor:
+            return [True] * len(keys)
         return self._get(self._page_keys, keys, *self._pages.segments(host_indices, len(keys)))
 
     @_fail_soft(lambda keys: [False] * len(keys))
     def batch_set_v1(self, keys, host_indices, extra_info=None):
+        if self._logical_anchor:
+            return [True] * len(keys)
         return self._put(self._page_keys, keys, *self._pages.segments(host_indices, len(keys)))
 
     @_fail_soft(lambda keys: 0)
     def batch_exists(self, keys, extra_info=None):
         """How many pages from the start exist: one round trip per server."""
+        if self._logical_anchor:
+            return 0
         found = self._client.batch_exists(self._exists_keys.keys(keys))
         return found.index(False) if False in found else len(found)
 
@@ -201,23 +312,28 @@ class GdrkvHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------ transfers
 
     def _get(self, scheme, keys, ptrs, sizes):
-        """One batched read; per page whether it arrived whole."""
-        start = time.perf_counter()
-        results = self._client.batch_get(scheme.keys(keys), ptrs, sizes)
-        done = [r == self._pages.page_bytes for r in results]
-        self._account("get", results, done, self._metrics and self._metrics.prefetch, start)
-        return done
+        """One batched read of KV pages; per page whether it arrived whole."""
+        return self._transfer("get", scheme.keys(keys), ptrs, sizes,
+                              [self._pages.page_bytes] * len(keys))
 
     def _put(self, scheme, keys, ptrs, sizes):
-        """One batched write; per page whether it is stored (by anyone)."""
-        start = time.perf_counter()
-        results = self._client.batch_put(scheme.keys(keys), ptrs, sizes)
-        done = [r == 0 for r in results]
-        self._account("put", results, done, self._metrics and self._metrics.backup, start)
-        return done
+        """One batched write of KV pages; per page whether it is stored (by anyone)."""
+        return self._transfer("put", scheme.keys(keys), ptrs, sizes,
+                              [self._pages.page_bytes] * len(keys))
 
-    def _account(self, op, results, done, metric, start):
-        """Logs failures other than misses; records pages and bandwidth."""
+    def _transfer(self, op, store_keys, ptrs, sizes, page_bytes):
+        """One batched get or put of objects of page_bytes[i] bytes; per
+        object whether it arrived whole or is stored. Logs failures other
+        than misses; records pages and bandwidth."""
+        start = time.perf_counter()
+        if op == "get":
+            results = self._client.batch_get(store_keys, ptrs, sizes)
+            done = [r == n for r, n in zip(results, page_bytes)]
+            metric = self._metrics and self._metrics.prefetch
+        else:
+            results = self._client.batch_put(store_keys, ptrs, sizes)
+            done = [r == 0 for r in results]
+            metric = self._metrics and self._metrics.backup
         errors = {r for r, ok in zip(results, done) if not ok and r != gdrkv.E_NOT_FOUND}
         if errors:
             self._log.warning(op, "gdrkv %s: %d of %d pages failed (%s)", op,
@@ -225,8 +341,9 @@ class GdrkvHiCacheStorage(HiCacheStorage):
                               ", ".join(gdrkv.strerror(r) if r < 0 else f"{r} bytes"
                                         for r in sorted(errors)))
         if metric is not None:
-            pages = done.count(True)
-            metric.add(pages, pages * self._pages.page_bytes, time.perf_counter() - start)
+            moved = sum(n for n, ok in zip(page_bytes, done) if ok)
+            metric.add(done.count(True), moved, time.perf_counter() - start)
+        return done
 
     # ------------------------------------------------------------ the rest
 
@@ -272,26 +389,6 @@ def _raw_sizes(keys, ptrs, sizes):
             raise ValueError(f"target_sizes {size!r} do not match target_location {ptr!r}")
         totals.append(sum(pieces))
     return totals
-
-
-def key_scheme(config, *, layout, dtype, page_tokens, segment_bytes):
-    """The KeyScheme of pages of one geometry for a HiCacheStorageConfig:
-    the model, and the TP (not for MLA, whose pages are the same on every TP
-    rank), PP, context-parallel and decode-context-parallel coordinates;
-    never the DP rank. Under DCP each MLA rank of a DCP group holds another
-    shard of the logical page, so the DCP rank and the logical page size
-    are part of the key (SGLang's own file backend keys them the same way)."""
-    tp = (None, None) if config.is_mla_model else (config.tp_rank, config.tp_size)
-    cp = (config.attn_cp_rank, config.attn_cp_size) if config.attn_cp_size > 1 else (None, None)
-    dcp_size = getattr(config, "dcp_size", 1) or 1
-    dcp = (config.dcp_rank, dcp_size) if dcp_size > 1 else (None, None)
-    logical = config.logical_page_size if dcp_size > 1 else None
-    return KeyScheme(engine="sglang", model=config.model_name, dtype=dtype, layout=layout,
-                     page_tokens=page_tokens, segments=len(segment_bytes),
-                     segment_bytes=list(segment_bytes), tp_rank=tp[0], tp_size=tp[1],
-                     pp_rank=config.pp_rank, pp_size=config.pp_size,
-                     cp_rank=cp[0], cp_size=cp[1], dcp_rank=dcp[0], dcp_size=dcp[1],
-                     logical_page_tokens=logical)
 
 
 def _connect(options, model):
