@@ -51,7 +51,8 @@ def test_compare_reports_every_system(tmp_path):
     assert report["ceilings"]["tcp_gb_per_s"] > 0 and report["ceilings"]["memcpy_gb_per_s"] > 0
 
     engines = report["engines"]
-    for engine, module in (("sglang", "sglang"), ("lmcache", "lmcache")):
+    for engine, module in (("sglang", "sglang"), ("sglang-mamba", "sglang"),
+                           ("lmcache", "lmcache")):
         if installed(module):
             assert engines["systems"][f"{engine} gdrkv tcp"] == "measured", engines["systems"]
             if engine == "lmcache":     # its own lm:// server, started by the bench

@@ -6,7 +6,10 @@ SGLang: GdrkvHiCacheStorage against HiCacheFile (in /dev/shm), on the same
 host pool, page size and layout. The cache controller calls a zero-copy backend's
 batch_set_v1/batch_get_v1, and HiCacheFile (which has no v1 methods)
 through batch_set/batch_get of flat page copies, so each is measured on the
-path SGLang takes for it. LMCache: the gdrkv plugin against its redis://
+path SGLang takes for it. "sglang-mamba" rows measure HiCache v2 side pools
+the same way: a hybrid model's Mamba state slots through batch_set_v2 /
+batch_get_v2 (batch_exists_v2 with the TRAILING_PAGES policy), which
+HiCacheFile serves by copying each slot through a flat page. LMCache: the gdrkv plugin against its redis://
 backend and its own lm:// server (started here), through RemoteBackend, on
 the same chunks.
 
@@ -30,6 +33,11 @@ SGLANG_PAGES_PER_CALL = 128
 # A page of 16 tokens of an 8-layer model with 8 KV heads of 128 bf16 values:
 # two 256 KiB segments (K and V) per page.
 SGLANG_GEOMETRY = {"page_size": 16, "layer_num": 8, "head_num": 8, "head_dim": 128}
+# A Mamba state slot of an 8-layer hybrid model: an fp32 SSM state of 8
+# heads x 64 x 64 (128 KiB) and a bf16 conv state of 3 x 2048 (12 KiB) a
+# layer, 1.1 MiB a slot; 32 slots a call.
+MAMBA_GEOMETRY = {"layer_num": 8, "temporal": (8, 64, 64), "conv": (3, 2048)}
+MAMBA_SLOTS_PER_CALL = 32
 # LMCache chunks of 256 tokens, 8 layers, 2 KV heads of 64 bf16 values: 1 MiB.
 LMCACHE_CHUNK_TOKENS = 256
 LMCACHE_KV_SHAPE = (8, 2, LMCACHE_CHUNK_TOKENS, 2, 64)
@@ -51,6 +59,7 @@ def available(stores):
     gdrkv = [name for name, store in stores.items()
              if name.startswith("gdrkv ") and not isinstance(store, str)]
     for engine, module, peer in (("sglang", "sglang.srt.mem_cache.hicache_storage", "file"),
+                                 ("sglang-mamba", "sglang.srt.mem_cache.hicache_storage", "file"),
                                  ("lmcache", "lmcache.v1.storage_backend", "redis")):
         try:
             __import__(module)
@@ -73,7 +82,7 @@ def run(url, stores, runnable, args, progress, logs):
     rest of the comparison, so each is caught and reported instead."""
     results, failures = [], {}
     for engine, system in runnable:
-        measure = _sglang if engine == "sglang" else _lmcache
+        measure = {"sglang": _sglang, "sglang-mamba": _sglang_mamba}.get(engine, _lmcache)
         try:
             results += measure(url, stores, system, args, progress, logs)
         except Exception as e:  # noqa: BLE001 (whatever the engine raises)
@@ -169,6 +178,9 @@ class _ZeroCopyPages:
     def get(self, keys, indices):
         return all(self.backend.batch_get_v1(keys, indices))
 
+    def exists(self, keys):
+        return self.backend.batch_exists(keys)
+
 
 class _CopiedPages:
     """What the controller calls on a backend without it (its
@@ -191,8 +203,25 @@ class _CopiedPages:
             self.pool.set_from_flat_data_page(int(indices[i * self.pool.page_size]), data)
         return True
 
+    def exists(self, keys):
+        return self.backend.batch_exists(keys)
+
 
 def _sglang(url, stores, system, args, progress, logs):
+    npages = min(args.count, SGLANG_PAGES_PER_CALL)
+    # Pages [0, npages) are stored; gets land in [npages, 2 npages).
+    pool = PageFirstHostPool(2 * npages, **SGLANG_GEOMETRY)
+    with contextlib.ExitStack() as stack:
+        backend = _sglang_backend(stack, system, url)
+        pages = _ZeroCopyPages(backend) if system.startswith("gdrkv ") else \
+            _CopiedPages(backend, pool)
+        backend.register_mem_pool_host(pool)
+        return _sglang_rounds(system, backend, pages, pool, npages, args, progress)
+
+
+def _sglang_backend(stack, system, url):
+    """GdrkvHiCacheStorage over system's transport, or HiCacheFile in a
+    fresh folder; closed or removed when stack closes."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
 
     from ..adapters.sglang_hicache import GdrkvHiCacheStorage
@@ -203,28 +232,20 @@ def _sglang(url, stores, system, args, progress, logs):
             is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
             model_name=MODEL, extra_config=extra)
 
-    npages = min(args.count, SGLANG_PAGES_PER_CALL)
-    # Pages [0, npages) are stored; gets land in [npages, 2 npages).
-    pool = PageFirstHostPool(2 * npages, **SGLANG_GEOMETRY)
-    with contextlib.ExitStack() as stack:
-        if system.startswith("gdrkv "):
-            backend = GdrkvHiCacheStorage(config({
-                "interface_v1": 1, "url": url, "transport": _transport(system),
-                "namespace": f"gdrkv-compare-sglang-{os.getpid()}"}), {})
-            stack.callback(backend.close)
-            pages = _ZeroCopyPages(backend)
-        else:
-            # On tmpfs where there is one: the file backend at memory speed,
-            # as its users who benchmark it run it.
-            folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-", dir=_TMPFS)
-            stack.callback(shutil.rmtree, folder, ignore_errors=True)
-            backend = HiCacheFile(config({"file_storage_path": folder}))
-            pages = _CopiedPages(backend, pool)
-        backend.register_mem_pool_host(pool)
-        return _sglang_rounds(system, backend, pages, pool, npages, args, progress)
+    if system.startswith("gdrkv "):
+        backend = GdrkvHiCacheStorage(config({
+            "interface_v1": 1, "url": url, "transport": _transport(system),
+            "namespace": f"gdrkv-compare-sglang-{os.getpid()}"}), {})
+        stack.callback(backend.close)
+        return backend
+    # On tmpfs where there is one: the file backend at memory speed, as its
+    # users who benchmark it run it.
+    folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-", dir=_TMPFS)
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)
+    return HiCacheFile(config({"file_storage_path": folder}))
 
 
-def _sglang_rounds(system, backend, pages, pool, npages, args, progress):
+def _sglang_rounds(system, backend, pages, pool, npages, args, progress, engine="sglang"):
     page_bytes = sum(pool.get_page_buffer_meta(pool.first_indices([0]))[1])
     stored_pages, landing_pages = range(npages), range(npages, 2 * npages)
     source, landing = pool.first_indices(stored_pages), pool.first_indices(landing_pages)
@@ -242,20 +263,121 @@ def _sglang_rounds(system, backend, pages, pool, npages, args, progress):
     def reset():
         expect(backend.clear(), "clear")
         set_batch(0)            # what exists and get read
+        if hasattr(pages, "stored"):
+            expect(pages.stored(keys[0]), "the KV pages under the side pool's")
 
     def exists_batch(j):
-        expect(backend.batch_exists(keys[0]) == npages, "exists")
+        expect(pages.exists(keys[0]) == npages, "exists")
 
     def get_batch(j):
         expect(pages.get(keys[0], landing), "get")
 
-    rows = _rounds("sglang", system, page_bytes, npages, {
+    rows = _rounds(engine, system, page_bytes, npages, {
         "set": (lambda j: set_batch(j + 1), window - 1, reset),
         "exists": (exists_batch, float("inf"), None),
         "get": (get_batch, float("inf"), None)}, args, progress)
     expect(pool.same_pages(stored_pages, landing_pages), "the byte check of the pages read")
     backend.clear()
     return rows
+
+
+class MambaStateHostPool:
+    """SGLang's MambaPoolHost in the page_first layout, on CPU: one state
+    slot a page, each slot's SSM (temporal) state and conv state contiguous
+    runs of their buffers, and the flat page form HiCacheFile copies."""
+
+    layout = "page_first"
+    page_size = 1
+
+    def __init__(self, slots, layer_num, temporal, conv):
+        import torch
+        self.size, self.dtype = slots, torch.bfloat16
+        self.temporal_buffer = torch.randn(slots, layer_num, 1, *temporal, dtype=torch.float32)
+        self.conv_buffer = [torch.randn(slots, layer_num, 1, *conv, dtype=torch.bfloat16)]
+        self.kv_buffer = [self.temporal_buffer, *self.conv_buffer]
+
+    def get_hybrid_pool_buffer(self):
+        return self.kv_buffer
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = [], []
+        for slot in indices.tolist():
+            for buffer in self.kv_buffer:
+                ptrs.append(buffer[slot].data_ptr())
+                sizes.append(buffer[slot].nbytes)
+        return ptrs, sizes
+
+    def get_data_page(self, index, flat=True):
+        import torch
+        return torch.cat([b[index].flatten().view(torch.uint8) for b in self.kv_buffer])
+
+    def get_dummy_flat_data_page(self):
+        import torch
+        return torch.empty(sum(b[0].nbytes for b in self.kv_buffer), dtype=torch.uint8)
+
+    def set_from_flat_data_page(self, index, data_page):
+        import torch
+        start = 0
+        for buffer in self.kv_buffer:
+            n = buffer[index].nbytes
+            buffer[index].view(-1).view(torch.uint8).copy_(data_page[start:start + n])
+            start += n
+
+    def first_indices(self, slots):
+        import torch
+        return torch.tensor(list(slots), dtype=torch.int64)
+
+    def same_pages(self, a, b):
+        return all(self.get_data_page(p).equal(self.get_data_page(q)) for p, q in zip(a, b))
+
+
+class _SidePoolPages:
+    """What the hybrid controller calls for a side pool: batch_set_v2 and
+    batch_get_v2 of one PoolTransfer, batch_exists_v2 with its policy."""
+
+    def __init__(self, backend, kv_pool):
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+        self.backend, self.name, self.kv_pool = backend, PoolName.MAMBA, kv_pool
+        self.transfer = lambda keys, indices, name=self.name: [PoolTransfer(
+            name=name, host_indices=indices, keys=keys,
+            hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+
+    def stored(self, keys):
+        """Stores the KV pages of keys (all copies of one page): a state
+        counts only where its prefix's KV pages exist."""
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        indices = self.kv_pool.first_indices([0] * len(keys))
+        return all(self.backend.batch_set_v2(self.transfer(keys, indices, PoolName.KV))[
+            PoolName.KV])
+
+    def set(self, keys, indices):
+        return all(self.backend.batch_set_v2(self.transfer(keys, indices))[self.name])
+
+    def get(self, keys, indices):
+        return all(self.backend.batch_get_v2(self.transfer(keys, indices))[self.name])
+
+    def exists(self, keys):
+        # The KV pages are not what is measured: every prefix length whose
+        # state exists is restorable when the KV pages exist too.
+        found = self.backend.batch_exists_v2(keys, self.transfer(keys[-1:], None))
+        return found.extra_pool_hit_pages.get(self.name, 0)
+
+
+def _sglang_mamba(url, stores, system, args, progress, logs):
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    nslots = min(args.count, MAMBA_SLOTS_PER_CALL)
+    pool = MambaStateHostPool(2 * nslots, **MAMBA_GEOMETRY)
+    # Every stored slot's KV page exists, as where the controller checks a
+    # state: the side pool's policy decides.
+    kv_pool = PageFirstHostPool(2, **SGLANG_GEOMETRY)
+    with contextlib.ExitStack() as stack:
+        backend = _sglang_backend(stack, system, url)
+        backend.register_mem_pool_host(kv_pool)
+        backend.register_mem_host_pool_v2(kv_pool, PoolName.KV)
+        backend.register_mem_host_pool_v2(pool, PoolName.MAMBA)
+        return _sglang_rounds(system, backend, _SidePoolPages(backend, kv_pool), pool, nslots,
+                              args, progress, engine="sglang-mamba")
 
 
 # ---------------------------------------------------------------- LMCache
