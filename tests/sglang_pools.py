@@ -343,31 +343,42 @@ class HybridController(Controller):
 
 def _fresh_process(mode, url, namespace, runs):
     """For each settings dict in runs: writes pages 0..n-1 of a pool seeded
-    by the page hashes, or reads them into a zeroed pool and reports which
-    arrived byte-exact."""
+    by the page hashes, and the Mamba state slot of each page (a hybrid
+    model's side pool, through HiCache v2), or reads them into zeroed pools
+    and reports which arrived byte-exact: [KV pages, Mamba states]."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
     from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage
 
     report = []
     for settings in runs:
         hashes = page_hashes(settings["tokens"], settings["page_size"])
+        seed = int(hashlib.sha256(hashes[0].encode()).hexdigest()[:8], 16)
         pool = make_pool("mla" if settings["mla"] else "mha", settings["layout"],
                          settings["page_size"], pages=len(hashes),
-                         dtype=getattr(torch, settings["dtype"]),
-                         seed=int(hashlib.sha256(hashes[0].encode()).hexdigest()[:8], 16))
-        expected = [page_bytes(pool, p) for p in range(len(hashes))]
+                         dtype=getattr(torch, settings["dtype"]), seed=seed)
+        states = mamba_pool(len(hashes), seed=seed + 1)
+        expected = [[page_bytes(p, i) for i in range(len(hashes))] for p in (pool, states)]
         config = storage_config(mla=settings["mla"], tp_rank=settings["tp_rank"],
                                 tp_size=settings["tp_size"], dp_rank=settings["dp_rank"],
                                 extra=extra_config(url, namespace=namespace))
         backend = GdrkvHiCacheStorage(config, {})
         if mode == "read":
-            pool.kv_buffer.zero_()
+            zero(pool)
+            zero(states)
         backend.register_mem_pool_host(pool)
+        backend.register_mem_host_pool_v2(states, PoolName.MAMBA)
         host_indices = indices(pool, range(len(hashes)))
+        mamba = [PoolTransfer(name=PoolName.MAMBA, keys=hashes,
+                              host_indices=indices(states, range(len(hashes))))]
         if mode == "write":
-            report.append(backend.batch_set_v1(hashes, host_indices))
+            report.append([backend.batch_set_v1(hashes, host_indices),
+                           backend.batch_set_v2(mamba)[PoolName.MAMBA]])
         else:
-            report.append([ok and page_bytes(pool, p) == expected[p]
-                           for p, ok in enumerate(backend.batch_get_v1(hashes, host_indices))])
+            done = [backend.batch_get_v1(hashes, host_indices),
+                    backend.batch_get_v2(mamba)[PoolName.MAMBA]]
+            report.append([[ok and page_bytes(p, i) == want[i] for i, ok in enumerate(oks)]
+                           for p, oks, want in zip((pool, states), done, expected)])
         backend.close()
     print(json.dumps(report))
 

@@ -574,7 +574,8 @@ def test_concurrent_prefetch_and_backup_threads(make_backend):
 
 def run_fresh_process(mode, server, namespace, hashseed, **settings):
     """Runs tests/sglang_pools.py in a new interpreter for an MHA and an MLA
-    pool: {"mha": per-page results, "mla": per-page results}."""
+    model, each with a Mamba side pool: {"mha": per-page results, "mha
+    mamba": per-state results, "mla": ..., "mla mamba": ...}."""
     base = {"dtype": "bfloat16", "layout": "page_first", "page_size": 16,
             "tokens": list(range(16 * 6)), "tp_rank": 0, "tp_size": 2, "dp_rank": 0}
     runs = [{**base, "mla": mla, **settings} for mla in (False, True)]
@@ -584,22 +585,28 @@ def run_fresh_process(mode, server, namespace, hashseed, **settings):
                            json.dumps(runs)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    return dict(zip(("mha", "mla"), json.loads(done.stdout.strip().splitlines()[-1])))
+    (mha, mha_states), (mla, mla_states) = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"mha": mha, "mha mamba": mha_states, "mla": mla, "mla mamba": mla_states}
 
 
 def test_pages_outlive_the_process_that_wrote_them(server):
-    """Issue 7 end to end: a writer process exits; fresh processes with other
-    hash seeds and DP ranks read every page byte-exact; another TP rank (MHA)
-    or dtype misses instead of reading wrong bytes."""
+    """Issue 7 end to end, with a hybrid model's Mamba states beside the
+    pages: a writer process exits; fresh processes with other hash seeds and
+    DP ranks read every page and state byte-exact; another TP rank (MHA, and
+    the Mamba states, sharded even beside MLA pages) or dtype misses instead
+    of reading wrong bytes."""
     namespace = unique("ns")
-    pages = 6
-    assert run_fresh_process("write", server, namespace, "0") == {
-        "mha": [True] * pages, "mla": [True] * pages}
+    hit, miss = [True] * 6, [False] * 6
+
+    def results(mha, mha_mamba, mla, mla_mamba):
+        return {"mha": mha, "mha mamba": mha_mamba, "mla": mla, "mla mamba": mla_mamba}
+
+    assert run_fresh_process("write", server, namespace, "0") == results(hit, hit, hit, hit)
     for seed, dp_rank in (("1", 1), ("random", 3)):
-        assert run_fresh_process("read", server, namespace, seed, dp_rank=dp_rank) == {
-            "mha": [True] * pages, "mla": [True] * pages}, (seed, dp_rank)
-    # MLA pages are rank-less: another TP rank reads them.
-    assert run_fresh_process("read", server, namespace, "2", tp_rank=1) == {
-        "mha": [False] * pages, "mla": [True] * pages}
-    assert run_fresh_process("read", server, namespace, "3", dtype="float16") == {
-        "mha": [False] * pages, "mla": [False] * pages}
+        assert run_fresh_process("read", server, namespace, seed, dp_rank=dp_rank) == \
+            results(hit, hit, hit, hit), (seed, dp_rank)
+    # MLA pages are rank-less: another TP rank reads them, not the states.
+    assert run_fresh_process("read", server, namespace, "2", tp_rank=1) == \
+        results(miss, miss, hit, miss)
+    assert run_fresh_process("read", server, namespace, "3", dtype="float16") == \
+        results(miss, miss, miss, miss)

@@ -2,11 +2,12 @@
 against the storage the engines ship, each driven through the engine's own
 storage interface the way the engine drives it.
 
-SGLang: GdrkvHiCacheStorage against HiCacheFile (in /dev/shm), on the same
-host pool, page size and layout. The cache controller calls a zero-copy backend's
+SGLang: GdrkvHiCacheStorage against HiCacheFile (in /dev/shm) and SGLang's
+Mooncake store backend (on the Mooncake cluster of the raw comparison), on
+the same host pool, page size and layout. The cache controller calls a zero-copy backend's
 batch_set_v1/batch_get_v1, and HiCacheFile (which has no v1 methods)
 through batch_set/batch_get of flat page copies, so each is measured on the
-path SGLang takes for it. "sglang-mamba" rows measure HiCache v2 side pools
+path SGLang takes for it (Mooncake's zero-copy v1 like gdrkv's). "sglang-mamba" rows measure HiCache v2 side pools
 the same way: a hybrid model's Mamba state slots through batch_set_v2 /
 batch_get_v2 (batch_exists_v2 with the TRAILING_PAGES policy), which
 HiCacheFile serves by copying each slot through a flat page. LMCache: the gdrkv plugin against its redis://
@@ -26,7 +27,7 @@ import tempfile
 import threading
 
 from .harness import measure
-from .peers import lmcache_server, redis_port
+from .peers import MOONCAKE_MASTER, MOONCAKE_METADATA, lmcache_server, redis_port
 
 # SGLang's STORAGE_BATCH_SIZE: the most pages the controller passes at once.
 SGLANG_PAGES_PER_CALL = 128
@@ -73,7 +74,30 @@ def available(stores):
             runnable.append((engine, peer))
         if engine == "lmcache":
             runnable.append((engine, "lm"))
+        elif isinstance(stores["mooncake tcp"], str):
+            reasons[f"{engine} mooncake"] = stores["mooncake tcp"]
+        else:
+            # SGLang's own Mooncake backend, on the cluster the raw
+            # comparison started (its master and segment holder).
+            why = _sglang_mooncake_missing()
+            if why:
+                reasons[f"{engine} mooncake"] = why
+            else:
+                runnable.append((engine, "mooncake"))
     return runnable, reasons
+
+
+def _sglang_mooncake_missing():
+    """Why SGLang's Mooncake backend cannot be imported here, or None."""
+    try:
+        __import__("sglang.srt.mem_cache.storage.mooncake_store.mooncake_store")
+    except ImportError as e:
+        # Its module pulls in SGLang's model configs, which import
+        # torchvision; PyPI has no CPU torchvision for CPU torch, and
+        # tests/stand_ins holds an import-only one for such machines.
+        return (f"not importable: {e} (on a CPU-only machine, run with "
+                "PYTHONPATH=tests/stand_ins)")
+    return None
 
 
 def run(url, stores, runnable, args, progress, logs):
@@ -130,6 +154,9 @@ class PageFirstHostPool:
         self.device = "cpu"
         self.kv_buffer = torch.randint(-(1 << 15), 1 << 15, (2, self.size, layer_num, head_num,
                                        head_dim), dtype=torch.int16).view(self.dtype)
+
+    def get_ksize_per_token(self):
+        return self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
 
     def get_page_buffer_meta(self, indices):
         token_bytes = self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
@@ -213,10 +240,15 @@ def _sglang(url, stores, system, args, progress, logs):
     pool = PageFirstHostPool(2 * npages, **SGLANG_GEOMETRY)
     with contextlib.ExitStack() as stack:
         backend = _sglang_backend(stack, system, url)
-        pages = _ZeroCopyPages(backend) if system.startswith("gdrkv ") else \
-            _CopiedPages(backend, pool)
         backend.register_mem_pool_host(pool)
-        return _sglang_rounds(system, backend, pages, pool, npages, args, progress)
+        return _sglang_rounds(system, backend, _kv_pages(system, backend, pool), pool, npages,
+                              args, progress)
+
+
+def _kv_pages(system, backend, pool):
+    """How the controller moves KV pages with this backend: zero copy where
+    it has v1 methods (gdrkv, Mooncake), flat copies for the file backend."""
+    return _CopiedPages(backend, pool) if system == "file" else _ZeroCopyPages(backend)
 
 
 def _sglang_backend(stack, system, url):
@@ -238,6 +270,15 @@ def _sglang_backend(stack, system, url):
             "namespace": f"gdrkv-compare-sglang-{os.getpid()}"}), {})
         stack.callback(backend.close)
         return backend
+    if system == "mooncake":
+        from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
+
+        # No segment of its own: objects go to the segment holder's, as the
+        # raw Mooncake rows' do.
+        return MooncakeStore(config({
+            "master_server_address": MOONCAKE_MASTER, "metadata_server": MOONCAKE_METADATA,
+            "protocol": "tcp", "global_segment_size": 0, "local_hostname": "127.0.0.1",
+            "check_server": False}))
     # On tmpfs where there is one: the file backend at memory speed, as its
     # users who benchmark it run it.
     folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-", dir=_TMPFS)
@@ -261,7 +302,7 @@ def _sglang_rounds(system, backend, pages, pool, npages, args, progress, engine=
         expect(pages.set(keys[j], source), "set")
 
     def reset():
-        expect(backend.clear(), "clear")
+        expect(backend.clear() is not False, "clear")       # Mooncake's returns None
         set_batch(0)            # what exists and get read
         if hasattr(pages, "stored"):
             expect(pages.stored(keys[0]), "the KV pages under the side pool's")
@@ -335,20 +376,19 @@ class _SidePoolPages:
     """What the hybrid controller calls for a side pool: batch_set_v2 and
     batch_get_v2 of one PoolTransfer, batch_exists_v2 with its policy."""
 
-    def __init__(self, backend, kv_pool):
+    def __init__(self, backend, kv_pages, kv_pool):
         from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
-        self.backend, self.name, self.kv_pool = backend, PoolName.MAMBA, kv_pool
-        self.transfer = lambda keys, indices, name=self.name: [PoolTransfer(
-            name=name, host_indices=indices, keys=keys,
+        self.backend, self.name = backend, PoolName.MAMBA
+        self.kv_pages, self.kv_pool = kv_pages, kv_pool
+        self.transfer = lambda keys, indices: [PoolTransfer(
+            name=self.name, host_indices=indices, keys=keys,
             hit_policy=PoolHitPolicy.TRAILING_PAGES)]
 
     def stored(self, keys):
-        """Stores the KV pages of keys (all copies of one page): a state
-        counts only where its prefix's KV pages exist."""
-        from sglang.srt.mem_cache.hicache_storage import PoolName
-        indices = self.kv_pool.first_indices([0] * len(keys))
-        return all(self.backend.batch_set_v2(self.transfer(keys, indices, PoolName.KV))[
-            PoolName.KV])
+        """Stores the KV pages of keys (copies of one page) the way the
+        controller does: a state counts only where its prefix's KV pages
+        exist."""
+        return self.kv_pages.set(keys, self.kv_pool.first_indices([0] * len(keys)))
 
     def set(self, keys, indices):
         return all(self.backend.batch_set_v2(self.transfer(keys, indices))[self.name])
@@ -376,8 +416,9 @@ def _sglang_mamba(url, stores, system, args, progress, logs):
         backend.register_mem_pool_host(kv_pool)
         backend.register_mem_host_pool_v2(kv_pool, PoolName.KV)
         backend.register_mem_host_pool_v2(pool, PoolName.MAMBA)
-        return _sglang_rounds(system, backend, _SidePoolPages(backend, kv_pool), pool, nslots,
-                              args, progress, engine="sglang-mamba")
+        pages = _SidePoolPages(backend, _kv_pages(system, backend, kv_pool), kv_pool)
+        return _sglang_rounds(system, backend, pages, pool, nslots, args, progress,
+                              engine="sglang-mamba")
 
 
 # ---------------------------------------------------------------- LMCache
