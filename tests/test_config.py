@@ -32,6 +32,9 @@ EVERY = {
     "single_tenant": True,
     "pool_file": "/dev/shm/gdrkv.pool",
     "reset_pool_file": True,
+    "disk": "/mnt/nvme0/gdrkv,/mnt/nvme1/gdrkv",
+    "disk_size": 1 << 40,
+    "reset_disk": True,
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",
@@ -55,7 +58,7 @@ def test_every_flag_round_trips(tmp_path):
     assert printed("--config", str(path)) == EVERY
     # The file names every setting --print-config knows: none is missing.
     assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen",
-                             "pool_file"} == set(EVERY)
+                             "pool_file", "disk", "disk_size"} == set(EVERY)
 
 
 def test_flags_win_over_the_file(tmp_path):

@@ -47,4 +47,8 @@ static inline uint64_t gk_mix64(uint64_t x)
  * (routing depends on it), so never change the algorithm. */
 uint64_t gk_hash64(const void *data, size_t len, uint64_t seed);
 
+/* Seeded 64-bit checksum of large values (disk records), several times
+ * faster than gk_hash64 on long inputs; just as stable. */
+uint64_t gk_checksum64(const void *data, size_t len, uint64_t seed);
+
 #endif

@@ -70,6 +70,15 @@ def main(argv=None):
     serve.add_argument("--reset-pool-file", action="store_true",
                        help="start the --pool-file empty whatever it holds (another size, "
                             "another version, damaged)")
+    serve.add_argument("--disk", metavar="PATH[,PATH...]",
+                       help="a disk tier under the pool: objects the pool evicts go to a file "
+                            "in each directory (a local SSD) instead of being dropped, and "
+                            "come back when read; the next server finds them again")
+    serve.add_argument("--disk-size", type=parse_size, metavar="SIZE",
+                       help="size of the disk tier's file in each --disk directory, e.g. "
+                            "500GiB")
+    serve.add_argument("--reset-disk", action="store_true",
+                       help="start the --disk files empty whatever they hold")
     serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
                        help="serve rdma clients: auto when a device is there (default), on "
                             "to require one")
@@ -140,6 +149,7 @@ def _serve(args):
                 lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
                 shm_staging=args.shm_staging, single_tenant=args.single_tenant,
                 pool_file=args.pool_file, reset_pool_file=args.reset_pool_file,
+                disk=args.disk, disk_size=args.disk_size, reset_disk=args.reset_disk,
                 auth_token_file=args.auth_token_file,
                 insecure_no_auth=args.insecure_no_auth,
                 metrics_listen=args.metrics_listen) as server:

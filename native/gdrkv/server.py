@@ -46,6 +46,12 @@ class Server:
     size or version is refused unless reset_pool_file=True, which starts it
     empty (docs/operations.md).
 
+    disk ("PATH[,PATH...]" or a list of directories) and disk_size (per
+    directory): a disk tier under the pool. Objects the pool evicts go to a
+    file in each directory instead of being dropped, EXISTS sees them, and a
+    read brings them back into the pool; the files are found again by the
+    next server (docs/operations.md). reset_disk=True starts them empty.
+
     rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
     or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.
 
@@ -67,7 +73,8 @@ class Server:
                  insecure_no_auth=False, max_connections_per_peer=512,
                  idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None,
                  drain_timeout_ms=5000, shm_staging="64MiB", single_tenant=False,
-                 pool_file=None, reset_pool_file=False):
+                 pool_file=None, reset_pool_file=False, disk=None, disk_size=None,
+                 reset_disk=False):
         if hugepages not in _HUGEPAGES:
             raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
         if rdma not in _HUGEPAGES:
@@ -100,6 +107,13 @@ class Server:
             pool_file_c = ffi.new("char[]", str(pool_file).encode())
             opts.pool_file = pool_file_c
         opts.reset_pool_file = bool(reset_pool_file)
+        if disk:
+            paths = disk.split(",") if isinstance(disk, str) else [str(p) for p in disk]
+            disk_c = ffi.new("char[]", ",".join(paths).encode())
+            opts.disk = disk_c
+        if disk_size is not None:
+            set_int_field(opts, "disk_size", parse_size(disk_size), "disk_size", minimum=1)
+        opts.reset_disk = bool(reset_disk)
         if metrics_listen:
             metrics_listen_c = ffi.new("char[]", metrics_listen.encode())
             opts.metrics_listen = metrics_listen_c

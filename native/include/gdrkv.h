@@ -85,6 +85,12 @@ typedef struct gdrkv_server_opts {
                                    and serve again the objects a previous server
                                    left in it (docs/operations.md); NULL = none */
     int reset_pool_file;        /* start that file empty, whatever it holds */
+    const char *disk;           /* directories of a disk tier under the pool,
+                                   comma-separated (docs/operations.md): cold
+                                   objects go there instead of being dropped;
+                                   NULL or "" = none */
+    uint64_t disk_size;         /* bytes of the tier's file in each directory */
+    int reset_disk;             /* start the disk files empty, whatever they hold */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);

@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "server_disk.h"
 #include "server_metrics.h"
 #include "server_peers.h"
 #include "server_rdma.h"
@@ -86,6 +87,10 @@ static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *er
         bad = "single_tenant must be 0 or 1";
     else if (o->reset_pool_file && !(o->pool_file && *o->pool_file))
         bad = "reset_pool_file needs a pool_file";
+    else if ((o->disk && *o->disk) != (o->disk_size > 0))
+        bad = "disk and disk_size go together";
+    else if (o->reset_disk && !(o->disk && *o->disk))
+        bad = "reset_disk needs a disk";
     else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         bad = "unix_path is too long for a unix socket";
     if (bad)
@@ -189,6 +194,7 @@ static void server_free(struct gdrkv_server *s)
         GK_INFO("server on %s drained: %llu puts committed, %llu objects stored", s->address,
                 (unsigned long long)st.puts, (unsigned long long)st.objects);
     }
+    server_disk_stop(s);
     for (int i = 0; i < s->nworkers; i++)
         server_worker_destroy(&s->workers[i]);
     if (s->listen_fd >= 0)
@@ -249,6 +255,28 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
     }
     s->started_ns = gk_now_ns();
 
+    char *disk_list = NULL;
+    const char *disk_paths[SERVER_MAX_DISKS];
+    uint32_t ndisks = 0;
+    if (opts->disk && *opts->disk) {
+        disk_list = strdup(opts->disk);
+        if (!disk_list) {
+            rc = GDRKV_E_INTERNAL;
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        char *save = NULL;
+        for (char *p = strtok_r(disk_list, ",", &save); p;
+             p = strtok_r(NULL, ",", &save)) {
+            if (ndisks == SERVER_MAX_DISKS) {
+                rc = GDRKV_E_INVALID;
+                snprintf(err, errlen, "at most %d disk paths", SERVER_MAX_DISKS);
+                free(disk_list);
+                goto fail;
+            }
+            disk_paths[ndisks++] = p;
+        }
+    }
     struct store_opts so = {
         .memory_bytes = opts->memory_bytes,
         .hugepages = opts->hugepages,
@@ -258,10 +286,20 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         .writable_share = opts->single_tenant,
         .pool_file = opts->pool_file && *opts->pool_file ? opts->pool_file : NULL,
         .reset_pool_file = opts->reset_pool_file,
+        .disk_paths = disk_paths,
+        .disk_npaths = ndisks,
+        .disk_bytes_per_path = opts->disk_size,
+        .reset_disk = opts->reset_disk,
     };
     rc = store_open(&s->store, &so, err, errlen);
+    free(disk_list);
     if (rc) {
         s->store = NULL;
+        goto fail;
+    }
+    if (server_disk_start(s) != 0) {
+        rc = GDRKV_E_INTERNAL;
+        snprintf(err, errlen, "cannot start the disk threads");
         goto fail;
     }
     rc = server_rdma_start(s, opts->rdma, err, errlen);

@@ -23,6 +23,7 @@
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "server_disk.h"
 #include "server_ops.h"
 #include "server_rdma.h"
 #include "server_reply.h"
@@ -51,6 +52,7 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
         return -1;
     c->fd = fd;
     c->worker = w;
+    c->serial = ++w->next_serial;
     c->local = local;
     c->peer = *peer;
     c->pass_fds[0] = c->pass_fds[1] = -1;
@@ -188,6 +190,13 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
 
 static enum step execute(struct server_conn *c)
 {
+    /* Keys on disk only come back into the pool first, off this thread. */
+    if ((c->req.opcode == GK_OP_GET || c->req.opcode == GK_OP_LEASE) && server_disk_park(c)) {
+        c->state = CONN_WAIT_DISK;
+        c->request_deadline_ns = 0;     /* all of it is in; stall_timeout_ms bounds the wait */
+        return STEP_WAIT;
+    }
+    c->disk_done = 0;
     if (server_ops_execute(c) < 0)
         return STEP_CLOSE;
     c->frame_executed = 1;
@@ -471,6 +480,8 @@ static enum step run_step(struct server_conn *c)
     case CONN_READ_BODY: return read_body(c);
     case CONN_SKIP: return skip_frame(c);
     case CONN_READ_PAYLOAD: return read_payload(c);
+    case CONN_WAIT_DISK: return STEP_WAIT;
+    case CONN_EXECUTE: return execute(c);
     case CONN_WRITE: return write_response(c);
     }
     return STEP_CLOSE;
@@ -487,6 +498,14 @@ static int listen_for(struct server_conn *c, uint32_t events)
     return 0;
 }
 
+void server_conn_resume_after_disk(struct server_conn *c)
+{
+    c->disk_done = 1;
+    c->state = CONN_EXECUTE;
+    c->last_progress_ns = gk_now_ns();
+    server_conn_on_event(c);
+}
+
 void server_conn_on_event(struct server_conn *c)
 {
     enum step s = STEP_MORE;
@@ -495,6 +514,7 @@ void server_conn_on_event(struct server_conn *c)
         s = run_step(c);
     uint32_t events = c->state == CONN_WRITE         ? EPOLLOUT
                       : c->state == CONN_WAIT_BUFFER ? 0     /* unread until there is room */
+                      : c->state == CONN_WAIT_DISK   ? 0     /* nothing to read meanwhile */
                                                      : EPOLLIN;
     if (s == STEP_CLOSE || listen_for(c, events) < 0) {
         server_conn_close(c);

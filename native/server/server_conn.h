@@ -29,6 +29,9 @@ void server_conn_slot_give(struct gdrkv_server *s, int local, const struct serve
  * stopped by the bound is marked runnable (and its worker too): the worker
  * must run it again without waiting for an event, which may never come. */
 void server_conn_on_event(struct server_conn *c);
+/* Runs again a frame parked for the disk (CONN_WAIT_DISK): its keys are
+ * back in the pool, or not to be had. */
+void server_conn_resume_after_disk(struct server_conn *c);
 /* No frame in progress: every request read has been answered. */
 int server_conn_between_frames(const struct server_conn *c);
 /* Why the worker's tick must close c now, if it must. */

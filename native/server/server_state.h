@@ -14,6 +14,7 @@
  *   server_rdma.c     rdma resources: the registered pool, QPs per connection
  *   server_reply.c    the one way a handler answers a frame
  *   server_payload.c  where a frame's payload bytes go in the pool
+ *   server_disk.c     reads parked while the disk threads bring keys back
  */
 #ifndef GDRKV_SERVER_STATE_H
 #define GDRKV_SERVER_STATE_H
@@ -31,12 +32,14 @@
 #include "server_peers.h"
 #include "server_staging.h"
 
+struct server_disk;
 struct server_metrics;
 struct server_rdma;
 struct server_rdma_conn;
 struct store;
 
 #define SERVER_MAX_WORKERS 16
+#define SERVER_MAX_DISKS 16          /* --disk paths */
 #define SERVER_TICK_MS 100          /* how often workers look for stalled connections */
 #define SERVER_SCRATCH_SIZE (64u << 10)
 #define SERVER_STATS_MAX (16u << 10)
@@ -60,6 +63,8 @@ struct store;
     X(frames_too_slow, frames_too_slow, "requests not complete by their deadline: closed")      \
     X(frames_waited_for_buffer, frames_waited_for_buffer,                                       \
       "request bodies that waited for max_buffered_bytes")                                      \
+    X(frames_waited_for_disk, frames_waited_for_disk,                                           \
+      "GETs and LEASEs that waited for keys read back from the disk tier")                     \
     X(get_pins_expired, get_pins_expired,                                                       \
       "tcp GETs whose reader was too slow: closed, pins dropped")                               \
     X(bytes_in, received_bytes, "PUT payload bytes received")                                   \
@@ -108,6 +113,11 @@ struct server_worker {
     int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
     int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
+    int disk_fd;                    /* eventfd: frames parked for the disk may run again */
+    pthread_mutex_t disk_lock;      /* guards disk_done */
+    uint64_t *disk_done;            /* serials of the connections whose keys came back */
+    uint32_t ndisk_done, disk_done_cap;
+    uint64_t next_serial;
     pthread_t thread;
     struct server_conn *conns;      /* every connection this worker owns */
     uint8_t *scratch;               /* sink for payload bytes nobody keeps */
@@ -126,6 +136,7 @@ struct gdrkv_server {
     struct server_metrics *metrics; /* the /metrics endpoint, or NULL */
     char metrics_address[300];      /* where it listens; "" when off */
     struct server_rdma *rdma;       /* NULL when rdma is off or unavailable */
+    struct server_disk *disk;       /* the disk threads; NULL without a disk tier */
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
     uint32_t stall_timeout_ms;
@@ -174,6 +185,8 @@ enum server_conn_state {
     CONN_READ_BODY,
     CONN_SKIP,              /* dropping body and payload of a frame we can't serve */
     CONN_READ_PAYLOAD,      /* PUT values, into reserved chunks */
+    CONN_WAIT_DISK,         /* a read waits for its keys to come back from disk */
+    CONN_EXECUTE,           /* ...and they came back: run the frame again */
     CONN_WRITE              /* response, then GET values from pinned chunks */
 };
 
@@ -205,6 +218,8 @@ struct server_batch {
 
 struct server_conn {
     int fd;
+    uint64_t serial;                /* unique in its worker: disk jobs find it by this */
+    int disk_done;                  /* the frame's keys were brought back from disk */
     struct server_worker *worker;
     struct server_conn *prev, *next; /* the worker's list */
     enum server_conn_state state;

@@ -33,7 +33,7 @@
 #define WORKER_ACCEPTS 32
 
 /* epoll data of the fds that are not connections */
-static char listen_token, unix_token, wake_token, handoff_token;
+static char listen_token, unix_token, wake_token, handoff_token, disk_token;
 
 static int watch(struct server_worker *w, int fd, void *token)
 {
@@ -75,6 +75,11 @@ void server_worker_destroy(struct server_worker *w)
         pthread_mutex_destroy(&w->handoff_lock);
     }
     free(w->handoffs);
+    if (w->disk_fd >= 0) {
+        close(w->disk_fd);
+        pthread_mutex_destroy(&w->disk_lock);
+    }
+    free(w->disk_done);
     free(w->scratch);
 }
 
@@ -83,15 +88,21 @@ int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
     struct epoll_event wake = {.events = EPOLLIN, .data.ptr = &wake_token};
     struct epoll_event handoff = {.events = EPOLLIN, .data.ptr = &handoff_token};
 
+    struct epoll_event disk = {.events = EPOLLIN, .data.ptr = &disk_token};
+
     w->server = s;
     w->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     w->handoff_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (w->handoff_fd >= 0)
         pthread_mutex_init(&w->handoff_lock, NULL);
+    w->disk_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (w->disk_fd >= 0)
+        pthread_mutex_init(&w->disk_lock, NULL);
     w->scratch = malloc(SERVER_SCRATCH_SIZE);
-    if (w->epoll_fd < 0 || w->handoff_fd < 0 || !w->scratch ||
+    if (w->epoll_fd < 0 || w->handoff_fd < 0 || w->disk_fd < 0 || !w->scratch ||
         epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0 ||
         epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->handoff_fd, &handoff) < 0 ||
+        epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->disk_fd, &disk) < 0 ||
         watch_listeners(w) < 0) {
         int saved = errno;
         server_worker_destroy(w);
@@ -185,6 +196,30 @@ static void take_handoffs(struct server_worker *w, int closing)
         }
     }
     free(queue);
+}
+
+/* The disk threads brought keys back (server_disk.h): the frames parked
+ * for them run again. A connection closed meanwhile is not found. */
+static void take_disk_done(struct server_worker *w)
+{
+    uint64_t count;
+    if (read(w->disk_fd, &count, sizeof count) < 0 && errno != EAGAIN)
+        GK_WARN("disk eventfd: %s", strerror(errno));
+    pthread_mutex_lock(&w->disk_lock);
+    uint64_t *done = w->disk_done;
+    uint32_t n = w->ndisk_done;
+    w->disk_done = NULL;
+    w->ndisk_done = w->disk_done_cap = 0;
+    pthread_mutex_unlock(&w->disk_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        for (struct server_conn *c = w->conns; c; c = c->next) {
+            if (c->serial == done[i] && c->state == CONN_WAIT_DISK) {
+                server_conn_resume_after_disk(c);
+                break;
+            }
+        }
+    }
+    free(done);
 }
 
 /* local: connections on the unix socket, which may use shm. Each goes to
@@ -325,6 +360,8 @@ void *server_worker_main(void *arg)
                 accept_connections(w, w->server->unix_fd, 1);
             else if (p == &handoff_token)
                 take_handoffs(w, 0);
+            else if (p == &disk_token)
+                take_disk_done(w);
             else
                 server_conn_on_event(p);
         }

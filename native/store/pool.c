@@ -15,13 +15,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/files.h"
 #include "common/log.h"
 
 #define POOL_HUGE_PAGE (2ull << 20)
@@ -130,37 +130,11 @@ static void make_shareable(struct pool *p, int writable)
 
 /* Opens (creating it 0600 if absent) and locks the pool file; refuses one
  * that is not a regular file of ours private to us, or is in use. */
-static int open_pool_file(const char *path, struct stat *st, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open the pool file %s: %s", path, strerror(errno));
-        return -1;
-    }
-    const char *bad = NULL;
-    if (fstat(fd, st) != 0)
-        bad = strerror(errno);
-    else if (!S_ISREG(st->st_mode))
-        bad = "not a regular file";
-    else if (st->st_uid != geteuid())
-        bad = "it belongs to another user";
-    else if (st->st_mode & 077)
-        bad = "other users may open it (chmod 600 it)";
-    else if (flock(fd, LOCK_EX | LOCK_NB) != 0)
-        bad = errno == EWOULDBLOCK ? "another gdrkv server is using it" : strerror(errno);
-    if (bad) {
-        snprintf(err, errlen, "the pool file %s: %s", path, bad);
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 static int map_file(struct pool *p, const struct pool_opts *o, char *err, size_t errlen)
 {
     struct stat st;
     struct statfs fs;
-    int fd = open_pool_file(o->path, &st, err, errlen);
+    int fd = gk_open_owned_file(o->path, "the pool file", 0, &st, err, errlen);
     if (fd < 0)
         return -1;
     p->fd = fd;

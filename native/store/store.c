@@ -37,6 +37,7 @@
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "disk.h"
 #include "gdrkv.h"
 #include "index.h"
 #include "persist.h"
@@ -52,8 +53,19 @@
 #define STORE_EVICT_ROUND 1024
 #define STORE_EVICT_ROUNDS_PER_CALL 256
 #define STORE_INDEX_BUCKETS 4096
+/* The demoter's batches: one disk write each, at most this much. */
+#define DEMOTE_BATCH_OBJECTS 256
+#define DEMOTE_BATCH_BYTES (64ull << 20)
+#define DEMOTE_SCAN 4096
+#define DEMOTE_IDLE_MS 100
 
 #define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* The disk tier's half (below), used from the lifecycle and write path. */
+static void *demoter_main(void *arg);
+static void flush_to_disk(struct store *s);
+static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                             uint32_t n, int32_t *status);
 
 /* Circular doubly-linked list; a list is its own sentinel link. */
 struct dlink {
@@ -104,6 +116,7 @@ struct store_obj {
     uint32_t pins;
     uint32_t nchunks;           /* chunks held; all of them once reserved */
     uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
+    int on_disk;                /* the disk tier holds a copy: evicting it loses nothing */
     enum obj_state state;
     struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
@@ -123,6 +136,10 @@ struct store {
     uint32_t piece_hdr;         /* header bytes before chunks[1..]: 0 without a pool file */
     uint64_t commit_seq;        /* a pool file's last commit */
     struct store_stats st;      /* pool_* and hugepages filled in on read */
+    struct disk_tier *disk;     /* NULL without a disk tier */
+    pthread_t demoter;          /* writes cold objects to disk, then evicts them */
+    pthread_cond_t demote_wake;
+    int demoter_running, stopping;
 };
 
 /* ------------------------------------------------------------ namespaces */
@@ -134,10 +151,16 @@ static int ns_name_ok(const struct gk_ns *name)
     return name->len <= GK_MAX_NS_LEN && (name->len == 0 || name->name);
 }
 
+/* The name bytes of a request's namespace (the default one may come NULL). */
+static const uint8_t *ns_bytes(const struct gk_ns *ns)
+{
+    return ns->len ? ns->name : (const uint8_t *)"";
+}
+
 static struct store_ns *ns_find(struct store *s, const struct gk_ns *name)
 {
     /* The default namespace may come with a NULL name; memcmp wants a pointer. */
-    const uint8_t *bytes = name->len ? name->name : (const uint8_t *)"";
+    const uint8_t *bytes = ns_bytes(name);
     uint64_t hash = index_hash(&s->namespaces, 0, bytes, name->len);
     struct index_node *n = index_find(&s->namespaces, hash, 0, bytes, name->len);
     return n ? CONTAINER_OF(n, struct store_ns, node) : NULL;
@@ -224,6 +247,7 @@ static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const str
     o->pins = 0;
     o->nchunks = 0;
     o->head_len = head_len;
+    o->on_disk = 0;
     o->state = OBJ_RESERVED;
     return o;
 }
@@ -333,14 +357,51 @@ static void obj_unpin(struct store *s, struct store_obj *o)
 
 /* -------------------------------------------------------------- eviction */
 
+/* Evicts an unpinned committed object; with a disk tier, counts whether it
+ * has a copy there. */
+static void evict(struct store *s, struct store_obj *o)
+{
+    s->st.evictions++;
+    s->st.evicted_bytes += o->size;
+    if (s->disk && o->on_disk) {
+        s->st.demotions++;
+        s->st.demoted_bytes += o->size;
+    } else if (s->disk) {
+        s->st.evicted_not_on_disk++;
+    }
+    obj_unlink_dropping_ns(s, o);
+}
+
 /*
  * Evicts the least recently used unpinned object, looking at no more than
  * *scan_left objects over the caller's whole run. A pinned object found at
  * the tail is being read right now, which is a use: it moves to the head so
  * later scans don't trip over it again. Returns whether one was evicted.
  */
+/* With a disk tier, the coldest unpinned object that has a copy on disk,
+ * among the CLEAN_SCAN coldest: evicting it loses nothing. NULL when there
+ * is none; the demoter is then woken to write some. */
+#define CLEAN_SCAN 64
+static struct store_obj *coldest_clean(struct store *s, uint32_t *scan_left)
+{
+    struct dlink *l = s->lru.prev;
+    for (uint32_t i = 0; i < CLEAN_SCAN && *scan_left > 0 && l != &s->lru; i++, l = l->prev) {
+        (*scan_left)--;
+        struct store_obj *o = CONTAINER_OF(l, struct store_obj, lru);
+        if (!o->pins && o->on_disk)
+            return o;
+    }
+    pthread_cond_signal(&s->demote_wake);
+    return NULL;
+}
+
 static int evict_lru(struct store *s, uint32_t *scan_left)
 {
+    struct store_obj *clean = s->disk ? coldest_clean(s, scan_left) : NULL;
+    if (clean) {
+        evict(s, clean);
+        return 1;
+    }
     /* The LRU holds exactly the st.objects committed objects: once that
      * many were skipped, every one of them is pinned. */
     uint64_t skipped = 0;
@@ -353,9 +414,7 @@ static int evict_lru(struct store *s, uint32_t *scan_left)
             skipped++;
             continue;
         }
-        s->st.evictions++;
-        s->st.evicted_bytes += o->size;
-        obj_unlink_dropping_ns(s, o);
+        evict(s, o);
         return 1;
     }
     return 0;
@@ -640,6 +699,22 @@ static int attach_pool_file(struct store *s, const char *path, char *err, size_t
 
 /* ------------------------------------------------------------- lifecycle */
 
+static int open_disk(struct store *s, const struct store_opts *opts, char *err, size_t errlen)
+{
+    struct disk_opts o = {.paths = opts->disk_paths, .npaths = opts->disk_npaths,
+                          .bytes_per_path = opts->disk_bytes_per_path, .reset = opts->reset_disk};
+    if (disk_open(&s->disk, &o, err, errlen) != 0)
+        return -1;
+    int rc = pthread_create(&s->demoter, NULL, demoter_main, s);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the disk tier's demoter: %s", strerror(rc));
+        return -1;
+    }
+    s->demoter_running = 1;
+    return 0;
+}
+
+
 int store_open(struct store **out, const struct store_opts *opts, char *err, size_t errlen)
 {
     *out = NULL;
@@ -662,6 +737,7 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
         return GDRKV_E_INTERNAL;
     }
     pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->demote_wake, NULL);
     dlink_init(&s->ns_list);
     dlink_init(&s->lru);
     dlink_init(&s->zombies);
@@ -691,6 +767,10 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
     s->low_bytes = (uint64_t)(opts->low_watermark * (double)capacity);
     s->st.pool_bytes = capacity;
     s->st.hugepages = s->pool.hugepages;
+    if (opts->disk_npaths && open_disk(s, opts, err, errlen) != 0) {
+        store_close(s);
+        return GDRKV_E_INVALID;
+    }
     *out = s;
     return 0;
 }
@@ -711,6 +791,15 @@ void store_close(struct store *s)
 {
     if (!s)
         return;
+    if (s->demoter_running) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = 1;
+        pthread_cond_signal(&s->demote_wake);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->demoter, NULL);
+        flush_to_disk(s);
+    }
+    disk_close(s->disk);
     while (!dlink_empty(&s->ns_list)) {
         struct store_ns *ns = CONTAINER_OF(s->ns_list.next, struct store_ns, all);
         free_obj_list(&ns->objs);
@@ -722,6 +811,7 @@ void store_close(struct store *s)
     index_destroy(&s->namespaces);
     alloc_destroy(&s->alloc);
     pool_close(&s->pool);
+    pthread_cond_destroy(&s->demote_wake);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -784,6 +874,9 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
         struct store_obj *o;
         status[i] = find_committed(s, space, &e[i], &o);
         sizes[i] = o ? o->size : 0;
+        if (status[i] == GDRKV_E_NOT_FOUND && s->disk && ns_name_ok(ns) &&
+            disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
+            status[i] = 0;
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -914,6 +1007,7 @@ void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk
     if (space)
         ns_drop_if_empty(s, space);
     pthread_mutex_unlock(&s->lock);
+    delete_from_disk(s, ns, e, n, status);
 }
 
 uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
@@ -927,15 +1021,328 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
             struct store_obj *o = CONTAINER_OF(l, struct store_obj, ns_link);
             l = l->next;
             if (o->state == OBJ_COMMITTED) {
+                /* one on disk too is counted there */
+                cleared += !(s->disk && o->on_disk);
                 obj_unlink(s, o);
-                cleared++;
             }
         }
         s->st.deletes += cleared;
         ns_drop_if_empty(s, space);
     }
     pthread_mutex_unlock(&s->lock);
+    if (s->disk && ns_name_ok(ns)) {
+        uint64_t on_disk = disk_clear_ns(s->disk, ns_bytes(ns), ns->len);
+        pthread_mutex_lock(&s->lock);
+        s->st.deletes += on_disk;
+        pthread_mutex_unlock(&s->lock);
+        cleared += on_disk;
+    }
     return cleared;
+}
+
+/* ------------------------------------------------------------ disk tier
+ *
+ * The demoter thread keeps the pool between its watermarks when there is a
+ * disk tier: it pins a batch of the coldest objects, writes them to disk
+ * outside the lock (their bytes can't change: committed objects are
+ * immutable and pinned ones stay put), then evicts those nobody pinned
+ * meanwhile. An object already on disk (promoted earlier) is evicted
+ * without a write. Reservations that find the pool full still evict at
+ * once, and what they evict before the demoter reached it is lost
+ * (evicted_not_on_disk).
+ */
+
+/* A demotion batch: the objects, and copies of their namespaces' names
+ * (a namespace may be freed while the write runs, its objects deleted). */
+struct demotion {
+    struct store_obj *objs[DEMOTE_BATCH_OBJECTS];
+    uint8_t ns[DEMOTE_BATCH_OBJECTS][GK_MAX_NS_LEN];
+    uint32_t ns_len[DEMOTE_BATCH_OBJECTS];
+    struct disk_item items[DEMOTE_BATCH_OBJECTS];
+    int32_t status[DEMOTE_BATCH_OBJECTS];
+    struct iovec *iov;
+    uint32_t iov_cap;
+    uint32_t n;
+    int evicting;               /* the batch is evicted once written (draining) */
+    /* Objects deleted while their write ran: u32 ns_len, ns, u32 key_len,
+     * key, back to back; their copies on disk go too. */
+    uint8_t *dead;
+    size_t dead_cap, dead_len;
+};
+
+/* Takes the batch from the LRU's cold end, under lock. Draining (above the
+ * high watermark, down to the low one), objects on disk already (or too
+ * big for it) are evicted at once and the others pinned for the write;
+ * otherwise the coldest (capacity - low watermark) bytes are cleaned:
+ * written to disk and kept, so that a burst of writes can evict them
+ * without losing them. */
+static void pick_cold(struct store *s, struct demotion *b, int draining)
+{
+    uint64_t bytes = 0, seen = 0;
+    uint64_t window = draining ? UINT64_MAX : alloc_capacity(&s->alloc) - s->low_bytes;
+    uint32_t scanned = 0;
+    struct dlink *l = s->lru.prev;
+    b->n = 0;
+    b->evicting = draining;
+    while (l != &s->lru && scanned++ < DEMOTE_SCAN && b->n < DEMOTE_BATCH_OBJECTS &&
+           bytes < DEMOTE_BATCH_BYTES && seen < window &&
+           (!draining || s->alloc.used_bytes - bytes > s->low_bytes)) {
+        struct store_obj *o = CONTAINER_OF(l, struct store_obj, lru);
+        l = l->prev;
+        seen += o->size;
+        if (o->pins || (!draining && o->on_disk))
+            continue;
+        if (o->on_disk || o->size > disk_max_value(s->disk)) {
+            if (draining)
+                evict(s, o);
+            continue;
+        }
+        obj_pin(s, o);
+        b->ns_len[b->n] = o->ns->node.key_len;
+        memcpy(b->ns[b->n], o->ns->name, o->ns->node.key_len);
+        b->objs[b->n++] = o;
+        bytes += o->size;
+    }
+}
+
+/* The batch's disk items, pointing at the objects' chunks in the pool. */
+static int describe(struct store *s, struct demotion *b)
+{
+    uint32_t pieces = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        pieces += b->objs[i]->size ? b->objs[i]->nchunks : 0;
+    if (gk_grow(&b->iov, &b->iov_cap, pieces, sizeof *b->iov, 1024) != 0)
+        return -1;
+    struct iovec *iov = b->iov;
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct store_obj *o = b->objs[i];
+        uint32_t nchunks = o->size ? o->nchunks : 0;
+        for (uint32_t k = 0; k < nchunks; k++)
+            iov[k] = (struct iovec){s->pool.base + o->chunks[k].off, o->chunks[k].len};
+        b->items[i] = (struct disk_item){.ns = b->ns[i], .ns_len = b->ns_len[i],
+                                         .key = o->node.key, .key_len = o->node.key_len,
+                                         .iov = iov, .iovcnt = nchunks, .size = o->size};
+        iov += nchunks;
+    }
+    return 0;
+}
+
+/* After the write, under lock: evicts what nobody else pinned meanwhile,
+ * and notes the objects deleted during the write (b->dead). */
+static void settle(struct store *s, struct demotion *b)
+{
+    b->dead_len = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct store_obj *o = b->objs[i];
+        if (b->status[i] == 0)
+            o->on_disk = 1;
+        uint32_t key_len = o->node.key_len;
+        size_t need = b->dead_len + 8 + b->ns_len[i] + key_len;
+        if (o->state == OBJ_UNLINKED && b->status[i] == 0 &&
+            gk_buf_reserve(&b->dead, &b->dead_cap, need) == 0) {
+            uint8_t *p = b->dead + b->dead_len;
+            gk_store32(p, b->ns_len[i]);
+            memcpy(p + 4, b->ns[i], b->ns_len[i]);
+            gk_store32(p + 4 + b->ns_len[i], key_len);
+            memcpy(p + 8 + b->ns_len[i], o->node.key, key_len);
+            b->dead_len = need;
+        }
+        int cold = b->evicting && o->state == OBJ_COMMITTED && o->pins == 1 &&
+                   s->alloc.used_bytes > s->low_bytes;
+        obj_unpin(s, o);
+        if (cold)
+            evict(s, o);
+    }
+}
+
+static void delete_dead(struct store *s, const struct demotion *b)
+{
+    for (size_t at = 0; at < b->dead_len;) {
+        const uint8_t *p = b->dead + at;
+        uint32_t ns_len = gk_load32(p), key_len = gk_load32(p + 4 + ns_len);
+        disk_delete(s->disk, p + 4, ns_len, p + 8 + ns_len, key_len);
+        at += 8 + ns_len + key_len;
+    }
+}
+
+static void *demoter_main(void *arg)
+{
+    struct store *s = arg;
+    struct demotion *b = calloc(1, sizeof *b);
+    pthread_mutex_lock(&s->lock);
+    while (b && !s->stopping) {
+        if (s->alloc.used_bytes > s->high_bytes)
+            s->draining = 1;
+        if (s->alloc.used_bytes <= s->low_bytes)
+            s->draining = 0;
+        pick_cold(s, b, s->draining);
+        if (b->n == 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += DEMOTE_IDLE_MS * 1000000l;
+            until.tv_sec += until.tv_nsec / 1000000000l;
+            until.tv_nsec %= 1000000000l;
+            pthread_cond_timedwait(&s->demote_wake, &s->lock, &until);
+            continue;
+        }
+        int described = describe(s, b) == 0;
+        pthread_mutex_unlock(&s->lock);
+        if (described)
+            disk_put_batch(s->disk, b->items, b->n, b->status);
+        else
+            for (uint32_t i = 0; i < b->n; i++)
+                b->status[i] = GDRKV_E_INTERNAL;
+        pthread_mutex_lock(&s->lock);
+        settle(s, b);
+        if (b->dead_len) {
+            pthread_mutex_unlock(&s->lock);
+            delete_dead(s, b);
+            pthread_mutex_lock(&s->lock);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (b) {
+        free(b->iov);
+        free(b->dead);
+    }
+    free(b);
+    return NULL;
+}
+
+/* At close, without a pool file to keep them: every object not on disk
+ * yet is written there, so a stopped server's successor finds the whole
+ * cache (a killed one's finds what was on disk). */
+static void flush_to_disk(struct store *s)
+{
+    struct demotion *b = calloc(1, sizeof *b);
+    uint64_t start = gk_now_ns(), written = 0;
+    if (!b || s->piece_hdr) {
+        free(b);
+        return;
+    }
+    for (;;) {
+        b->n = 0;
+        b->evicting = 0;
+        for (struct dlink *l = s->lru.prev; l != &s->lru && b->n < DEMOTE_BATCH_OBJECTS;
+             l = l->prev) {
+            struct store_obj *o = CONTAINER_OF(l, struct store_obj, lru);
+            if (o->on_disk || o->size > disk_max_value(s->disk))
+                continue;
+            o->on_disk = 1;     /* picked: not again, whatever the write does */
+            b->ns_len[b->n] = o->ns->node.key_len;
+            memcpy(b->ns[b->n], o->ns->name, o->ns->node.key_len);
+            b->objs[b->n++] = o;
+        }
+        if (b->n == 0 || describe(s, b) != 0)
+            break;
+        disk_put_batch(s->disk, b->items, b->n, b->status);
+        for (uint32_t i = 0; i < b->n; i++)
+            written += b->status[i] == 0;
+    }
+    if (written)
+        GK_INFO("disk: %llu objects written at close in %llu ms", (unsigned long long)written,
+                (unsigned long long)((gk_now_ns() - start) / 1000000));
+    free(b->iov);
+    free(b->dead);
+    free(b);
+}
+
+int store_has_disk(struct store *s) { return s->disk != NULL; }
+
+int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                      uint32_t n)
+{
+    int any = 0;
+    uint64_t size;
+    if (!s->disk || !ns_name_ok(ns))
+        return 0;
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_find(s, ns);
+    for (uint32_t i = 0; i < n && !any; i++) {
+        struct store_obj *o;
+        any = find_committed(s, space, &e[i], &o) == GDRKV_E_NOT_FOUND &&
+              disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &size);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return any;
+}
+
+/* Reads key e from disk into a new object of the pool: 1 when promoted. */
+static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_entry *e)
+{
+    struct disk_loc loc;
+    struct store_obj *o = NULL;
+    uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
+    if (disk_lookup(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &loc) != 0)
+        return 0;
+    struct gk_entry entry = {.key = e->key, .key_len = e->key_len, .size = loc.size};
+    pthread_mutex_lock(&s->lock);
+    struct store_ns *space = ns_find(s, ns);
+    /* Anything but a fresh reservation (the key came back into the pool,
+     * someone writes it, or no room): nothing to do. */
+    int32_t st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left);
+    pthread_mutex_unlock(&s->lock);
+    if (st != 0) {
+        disk_release(s->disk, &loc);
+        return 0;
+    }
+    if (s->piece_hdr)
+        write_headers(s, o);
+    uint32_t nchunks = o->size ? o->nchunks : 0;
+    struct iovec *iov = malloc((nchunks ? nchunks : 1) * sizeof *iov);
+    int rc = iov ? 0 : GDRKV_E_INTERNAL;
+    for (uint32_t k = 0; iov && k < nchunks; k++)
+        iov[k] = (struct iovec){s->pool.base + o->chunks[k].off, o->chunks[k].len};
+    if (rc == 0)
+        rc = disk_read(s->disk, &loc, ns_bytes(ns), ns->len, e->key, e->key_len, iov, nchunks);
+    disk_release(s->disk, &loc);
+    free(iov);
+    uint64_t size;
+    pthread_mutex_lock(&s->lock);
+    /* Deleted from disk while it was read: it stays deleted. */
+    if (rc == 0 && disk_contains(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {
+        obj_commit(s, o);
+        o->on_disk = 1;
+        if (s->piece_hdr)
+            persist_commit(s->pool.base, obj_head_off(o), ++s->commit_seq);
+        s->st.promotions++;
+        s->st.promoted_bytes += o->size;
+    } else {
+        obj_unlink_dropping_ns(s, o);
+        rc = GDRKV_E_NOT_FOUND;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc == 0;
+}
+
+uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                             uint32_t n)
+{
+    uint32_t promoted = 0;
+    if (!s->disk || !ns_name_ok(ns))
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (key_ok(&e[i]))
+            promoted += (uint32_t)promote_one(s, ns, &e[i]);
+    }
+    return promoted;
+}
+
+/* Deletes keys from disk too (outside the lock: it writes there), for
+ * status[i] not yet 0. */
+static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                             uint32_t n, int32_t *status)
+{
+    for (uint32_t i = 0; s->disk && ns_name_ok(ns) && i < n; i++) {
+        if (key_ok(&e[i]) &&
+            disk_delete(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len) == 0 &&
+            status[i] != 0) {
+            status[i] = 0;
+            pthread_mutex_lock(&s->lock);
+            s->st.deletes++;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
 }
 
 /* ----------------------------------------------------------- background */
@@ -944,6 +1351,10 @@ uint64_t store_maintain(struct store *s)
 {
     uint64_t evicted = 0;
     int more = 1;
+    if (s->disk) {
+        pthread_cond_signal(&s->demote_wake);
+        return 0;
+    }
     /* In rounds, letting go of the lock in between: the clients' batches
      * get in while the background drains a pool down to low_bytes. */
     for (int round = 0; more && round < STORE_EVICT_ROUNDS_PER_CALL; round++) {
@@ -982,4 +1393,11 @@ void store_get_stats(struct store *s, struct store_stats *out)
     *out = s->st;
     out->pool_used_bytes = s->alloc.used_bytes;
     pthread_mutex_unlock(&s->lock);
+    if (s->disk) {
+        struct store_disk_stats d;
+        disk_get_stats(s->disk, &d);
+#define STORE_DISK_COPY(name, kind, help) out->name = d.name;
+        STORE_DISK_STATS(STORE_DISK_COPY)
+#undef STORE_DISK_COPY
+    }
 }

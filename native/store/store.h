@@ -1,7 +1,8 @@
 /*
  * store.h - the object store: a pool of memory (pool.c), size-class
  * allocation inside it (alloc.c), a hash index over (namespace, key)
- * (index.c), and objects with pins, commit state and eviction (store.c).
+ * (index.c), objects with pins, commit state and eviction (store.c), and
+ * optionally a disk tier under the pool (disk.c).
  *
  * Objects are immutable once committed. An object's bytes live in one or
  * more chunks of the pool (objects larger than a slab page are chained over
@@ -33,6 +34,10 @@ struct store_opts {
     const char *pool_file;  /* back the pool by this file and re-attach the objects
                                it holds (persist.h); NULL = a memfd */
     int reset_pool_file;    /* start that file empty whatever it holds */
+    const char *const *disk_paths;  /* directories of the disk tier (disk.h); none: no tier */
+    uint32_t disk_npaths;
+    uint64_t disk_bytes_per_path;
+    int reset_disk;         /* start the disk files empty whatever they hold */
 };
 
 /* One contiguous piece of an object inside the pool. */
@@ -63,7 +68,38 @@ struct store_chunk {
     X(hugepages, GAUGE, "whether the pool got hugepages (0 or 1)")                   \
     X(pool_file, GAUGE, "whether the pool is a file that outlives the server (0 or 1)") \
     X(restored_objects, GAUGE, "objects re-attached from the pool file at start")    \
-    X(restore_dropped, GAUGE, "heads in the pool file not served: uncommitted or torn")
+    X(restore_dropped, GAUGE, "heads in the pool file not served: uncommitted or torn") \
+    X(demotions, COUNTER, "objects evicted from memory with a copy on disk")         \
+    X(demoted_bytes, COUNTER, "bytes of the objects demoted")                        \
+    X(promotions, COUNTER, "objects read back from disk into memory for a reader")  \
+    X(promoted_bytes, COUNTER, "bytes of the objects promoted")                      \
+    X(evicted_not_on_disk, COUNTER, "objects a disk tier could not keep: evicted before " \
+      "their demotion, or their write failed")                                        \
+    STORE_DISK_STATS(X)
+
+/* The disk tier's own figures (disk.h), part of the store's. */
+#define STORE_DISK_STATS(X)                                                           \
+    X(disk_bytes, GAUGE, "capacity of the disk tier")                               \
+    X(disk_used_bytes, GAUGE, "bytes of the disk tier's regions in use")            \
+    X(disk_objects, GAUGE, "objects on disk")                                       \
+    X(disk_object_bytes, GAUGE, "sum of the sizes of the objects on disk")          \
+    X(disk_writes, COUNTER, "objects written to disk")                              \
+    X(disk_written_bytes, COUNTER, "value bytes written to disk")                   \
+    X(disk_reads, COUNTER, "objects read back from disk")                           \
+    X(disk_read_bytes, COUNTER, "value bytes read back from disk")                  \
+    X(disk_write_ns, COUNTER, "time spent in disk writes, ns")                      \
+    X(disk_read_ns, COUNTER, "time spent in disk reads, ns")                        \
+    X(disk_evicted_regions, COUNTER, "regions the disk tier evicted")               \
+    X(disk_evicted_objects, COUNTER, "objects dropped with their region")           \
+    X(disk_errors, COUNTER, "failed disk reads and writes (each a miss or a write not done)") \
+    X(disk_bad_records, COUNTER, "records whose bytes failed their checksum when read") \
+    X(disk_restored_objects, GAUGE, "objects found in the disk files at start")
+
+struct store_disk_stats {
+#define STORE_STATS_FIELD(name, kind, help) uint64_t name;
+    STORE_DISK_STATS(STORE_STATS_FIELD)
+#undef STORE_STATS_FIELD
+};
 
 struct store_stats {
 #define STORE_STATS_FIELD(name, kind, help) uint64_t name;
@@ -101,6 +137,20 @@ void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n);
 void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                         uint32_t n, int32_t *status, uint64_t *sizes);
 
+/*
+ * Disk tier. A key absent from the pool may be on disk: EXISTS says so, and
+ * a reader first has it promoted (read back into the pool), which costs
+ * disk I/O and so runs off the network workers: store_on_disk_any() says
+ * whether a batch needs it, store_promote_batch() does it (blocking), then
+ * store_pin_batch() finds the keys in the pool.
+ */
+int store_has_disk(struct store *s);
+int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                      uint32_t n);
+/* Returns how many keys it brought into the pool. */
+uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                             uint32_t n);
+
 /* The chunks of a pinned or reserved object, in order; their lens sum to the
  * object size. Valid while the pin or reservation is held. */
 const struct store_chunk *store_obj_chunks(const struct store_obj *o, uint32_t *nchunks);
@@ -136,7 +186,9 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns);
 
 /* Background eviction: when pool use is above the high watermark, evict
  * unpinned committed objects (LRU first) until it is below the low one.
- * Returns the number evicted. Called periodically by the server. */
+ * Returns the number evicted. Called periodically by the server. With a
+ * disk tier the store's demoter thread does this instead, writing each
+ * object to disk before it leaves the pool; here it is only woken. */
 uint64_t store_maintain(struct store *s);
 
 /* Calls fn for each namespace with committed objects, at most max of

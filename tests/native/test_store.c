@@ -1284,6 +1284,148 @@ static void test_threads(void)
     store_close(s);
 }
 
+/* ------------------------------------------------------------ disk tier */
+
+static char disk_dir[256];
+
+static struct store *open_with_disk(uint64_t memory, uint64_t disk_regions, int reset)
+{
+    if (!disk_dir[0]) {
+        const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(disk_dir, sizeof disk_dir, "%s/gdrkv-test-store-disk-XXXXXX", tmp);
+        CHECK(mkdtemp(disk_dir) != NULL, "mkdtemp: %s", strerror(errno));
+    }
+    const char *paths[] = {disk_dir};
+    struct store_opts opts = {.memory_bytes = memory, .high_watermark = 0.75,
+                              .low_watermark = 0.5, .disk_paths = paths, .disk_npaths = 1,
+                              .disk_bytes_per_path = 4096 + disk_regions * (16 * MiB),
+                              .reset_disk = reset};
+    struct store *s;
+    char err[512] = "";
+    CHECK(store_open(&s, &opts, err, sizeof err) == 0, "store_open with a disk: %s", err);
+    return s;
+}
+
+static void remove_disk_dir(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/gdrkv.disk", disk_dir);
+    unlink(path);
+    rmdir(disk_dir);
+    disk_dir[0] = 0;
+}
+
+/* Waits until the demoter brought the pool under its high watermark. */
+static void wait_demoted(struct store *s)
+{
+    for (int i = 0; i < 2000; i++) {
+        struct store_stats st = stats_of(s);
+        if (st.pool_used_bytes <= st.pool_bytes * 3 / 4)
+            return;
+        store_maintain(s);
+        usleep(2000);
+    }
+    CHECK(0, "the demoter did not bring the pool under its high watermark");
+}
+
+/* Reads key i as a reader does: promoted from disk when it is not in the
+ * pool, then pinned; checks its bytes. Returns whether it was found. */
+static int read_through(struct store *s, const char *ns, int i)
+{
+    char key[32];
+    key_n(key, sizeof key, i);
+    struct gk_ns space = ns_of(ns);
+    struct gk_entry e = entry_of(key, 0);
+    if (store_on_disk_any(s, &space, &e, 1))
+        CHECK_EQ(store_promote_batch(s, &space, &e, 1), 1);
+    struct store_obj *o;
+    if (pin1(s, ns, key, 1, &o) != 0)
+        return 0;
+    check_bytes(s, o, (uint64_t)i);
+    unpin1(s, o);
+    return 1;
+}
+
+static void test_disk_tier_serves_8x_the_pool(void)
+{
+    /* 8 MiB of pool, 64 MiB written in 256 KiB objects, paced as a writer
+     * that lets the demoter keep up */
+    struct store *s = open_with_disk(8 * MiB, 8, 1);
+    char key[32];
+    const int n = 256;
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ(put(s, "ns", key_n(key, sizeof key, i), 256 * 1024, (uint64_t)i), 0);
+        if (i % 8 == 7)
+            wait_demoted(s);
+    }
+    struct store_stats st = stats_of(s);
+    CHECK(st.demotions > (uint64_t)n / 2, "%llu demotions", (unsigned long long)st.demotions);
+    CHECK_EQ(st.evicted_not_on_disk, 0);
+    for (int i = 0; i < n; i++) {
+        CHECK(present(s, "ns", key_n(key, sizeof key, i)), "key %d is gone", i);
+        CHECK(read_through(s, "ns", i), "key %d could not be read", i);
+        if (i % 8 == 7)
+            wait_demoted(s);
+    }
+    st = stats_of(s);
+    CHECK(st.promotions > (uint64_t)n / 2, "%llu promotions", (unsigned long long)st.promotions);
+    CHECK_EQ(st.disk_errors, 0);
+    CHECK_EQ(st.disk_bad_records, 0);
+    store_close(s);
+
+    /* a restart finds them on disk */
+    s = open_with_disk(8 * MiB, 8, 0);
+    CHECK(stats_of(s).disk_restored_objects >= (uint64_t)n * 3 / 4, "%llu restored",
+          (unsigned long long)stats_of(s).disk_restored_objects);
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        found += read_through(s, "ns", i);
+        if (i % 8 == 7)
+            wait_demoted(s);
+    }
+    CHECK(found >= n * 3 / 4, "%d of %d found after the restart", found, n);
+    store_close(s);
+    remove_disk_dir();
+}
+
+static void test_disk_tier_deletes_and_clears(void)
+{
+    struct store *s = open_with_disk(4 * MiB, 2, 1);
+    char key[32];
+    for (int i = 0; i < 64; i++) {
+        CHECK_EQ(put(s, i < 32 ? "a" : "b", key_n(key, sizeof key, i), 128 * 1024,
+                     (uint64_t)i), 0);
+        if (i % 4 == 3)
+            wait_demoted(s);
+    }
+    /* key 0 is on disk only by now: deleting it deletes it there */
+    CHECK(present(s, "a", key_n(key, sizeof key, 0)), "key 0");
+    CHECK_EQ(delete1(s, "a", key_n(key, sizeof key, 0)), 0);
+    CHECK(!present(s, "a", key_n(key, sizeof key, 0)), "key 0 after its delete");
+    CHECK_EQ(delete1(s, "a", key_n(key, sizeof key, 0)), GDRKV_E_NOT_FOUND);
+    uint64_t cleared = clear(s, "a");
+    CHECK(cleared >= 31, "the clear of a removed %llu keys", (unsigned long long)cleared);
+    for (int i = 0; i < 32; i++)
+        CHECK(!present(s, "a", key_n(key, sizeof key, i)), "key %d after the clear", i);
+    CHECK(read_through(s, "b", 40), "b's keys stay");
+    store_close(s);
+    s = open_with_disk(4 * MiB, 2, 0);
+    for (int i = 0; i < 32; i++)
+        CHECK(!present(s, "a", key_n(key, sizeof key, i)), "key %d came back", i);
+    CHECK(read_through(s, "b", 40), "b's keys after the restart");
+    store_close(s);
+
+    /* refusals come from the disk tier, in the store's error */
+    const char *bad[] = {"/nonexistent-gdrkv-dir"};
+    struct store_opts opts = {.memory_bytes = 4 * MiB, .high_watermark = 0.75,
+                              .low_watermark = 0.5, .disk_paths = bad, .disk_npaths = 1,
+                              .disk_bytes_per_path = 64 * MiB};
+    char err[512] = "";
+    CHECK(store_open(&s, &opts, err, sizeof err) != 0 && strstr(err, "nonexistent-gdrkv-dir"),
+          "%s", err);
+    remove_disk_dir();
+}
+
 int main(void)
 {
     RUN(test_open_options);
@@ -1309,5 +1451,7 @@ int main(void)
     RUN(test_pool_file_drops_a_torn_head);
     RUN(test_pool_file_refusals);
     RUN(test_threads);
+    RUN(test_disk_tier_serves_8x_the_pool);
+    RUN(test_disk_tier_deletes_and_clears);
     return check_done("test_store");
 }

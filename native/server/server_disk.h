@@ -1,0 +1,29 @@
+/*
+ * server_disk.h - reads that wait for the disk tier. A GET or LEASE of keys
+ * that are on disk only is parked: its namespace and keys, copied, go to
+ * the server's disk threads, which read them back into the pool
+ * (store_promote_batch) and post the connection's serial to the worker
+ * that owns it (its disk_done list and disk_fd); that worker then runs the
+ * frame again and finds them there (server_worker.c). A network worker never waits for a
+ * disk, so in-memory hits of every other connection keep flowing.
+ *
+ * The jobs hold no pointer a worker may free: a connection closed while
+ * its keys are read is looked up by its serial when the job comes back,
+ * and simply not found.
+ */
+#ifndef GDRKV_SERVER_DISK_H
+#define GDRKV_SERVER_DISK_H
+
+struct gdrkv_server;
+struct server_conn;
+
+/* Starts the disk threads when the store has a disk tier: 0, or -1. */
+int server_disk_start(struct gdrkv_server *s);
+/* Stops them (after the workers ended); jobs not done are dropped. */
+void server_disk_stop(struct gdrkv_server *s);
+
+/* For an executing GET or LEASE: 1 when its keys went to the disk threads
+ * and the connection must wait (CONN_WAIT_DISK), 0 to run it now. */
+int server_disk_park(struct server_conn *c);
+
+#endif
