@@ -7,6 +7,7 @@ well, everything). Deletes and clears stay done across restarts. Disk full,
 disk errors and a slow disk mean misses, failed writes and counters, never
 wrong bytes, and a slow disk never holds up reads of objects in memory.
 Unusable paths and sizes are refused at start, with the reason."""
+import json
 import os
 import threading
 import time
@@ -234,3 +235,18 @@ def test_stat_shows_the_disk_tier(server_factory, tmp_path):
     assert done.returncode == 0
     for name in ("disk_bytes", "disk_objects", "demotions", "promotions", "disk_read_ns"):
         assert name in done.stdout, name
+
+
+def test_bench_measures_the_disk_tier(tmp_path):
+    """`gdrkv bench --disk-tier` on a tiny working set: every row measured
+    (the figures themselves are the bench's business, not a test's)."""
+    report = tmp_path / "disk.json"
+    done = run_gdrkv("bench", "--disk-tier", str(tmp_path), "--disk-working-set", "48MiB",
+                     "--disk-memory", "16MiB", "--sizes", "1MiB", "--repeat", "1", "--quiet",
+                     "--json", str(report), timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(report.read_text())["results"]
+    systems = {r["system"] for r in rows}
+    assert {"raw O_DIRECT", "gdrkv tcp from disk", "gdrkv shm from disk"} <= systems
+    assert all(r["gb_per_s"] > 0 and r["raw_x"] > 0 for r in rows)
+    assert "raw O_DIRECT" in done.stdout

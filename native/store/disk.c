@@ -215,8 +215,9 @@ static void evict_region(struct disk_tier *d, struct disk_region *r)
 }
 
 /* The file's open region, opening one when there is none: a free region,
- * else the least recently used sealed one nobody holds, evicted. NULL when
- * every region is held. Under lock. */
+ * else a sealed one nobody holds, evicted: one without live records if
+ * there is one, else the least recently used. NULL when every region is
+ * held. Under lock. */
 static struct disk_region *open_region(struct disk_tier *d, struct disk_file *f)
 {
     if (f->open_region >= 0)
@@ -230,8 +231,11 @@ static struct disk_region *open_region(struct disk_tier *d, struct disk_file *f)
             victim = NULL;
             break;
         }
+        /* A region whose records were all deleted or superseded goes
+         * first: evicting it loses nothing. */
         if (r->state == REGION_SEALED && !r->readers && !r->writing &&
-            (!victim || r->last_used < victim->last_used)) {
+            (!victim || (!r->entries && victim->entries) ||
+             (!r->entries == !victim->entries && r->last_used < victim->last_used))) {
             victim = r;
             pick = (int64_t)i;
         }
