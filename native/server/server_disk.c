@@ -24,10 +24,9 @@ struct disk_job {
     struct disk_job *next;
     struct server_worker *worker;
     uint64_t serial;            /* the connection's */
-    struct gk_ns ns;            /* points into bytes */
-    struct gk_entry *entries;   /* keys point into bytes */
+    struct gk_ns ns;            /* points after the entries */
     uint32_t n;
-    uint8_t bytes[];
+    struct gk_entry entries[];  /* then the namespace and key bytes they point to */
 };
 
 struct server_disk {
@@ -53,8 +52,7 @@ static struct disk_job *job_new(struct server_conn *c)
     j->worker = c->worker;
     j->serial = c->serial;
     j->n = n;
-    j->entries = (struct gk_entry *)j->bytes;
-    uint8_t *p = j->bytes + n * sizeof *j->entries;
+    uint8_t *p = (uint8_t *)(j->entries + n);
     memcpy(p, c->ns.name, c->ns.len);
     j->ns = (struct gk_ns){.name = p, .len = c->ns.len};
     p += c->ns.len;
