@@ -7,6 +7,7 @@ prefetch and backup threads, and pages that survive a restart of the engine
 process (docs/keys.md). Pages are compared byte for byte."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -411,6 +412,19 @@ def test_unknown_options_are_named(server):
         GdrkvHiCacheStorage(config, {})
     with pytest.raises(ValueError, match="model"):
         GdrkvHiCacheStorage(sp.storage_config(model=None, extra=sp.extra_config(server.url)), {})
+
+
+def test_the_settings_table_lists_every_accepted_key():
+    """configs/sglang/README.md documents every key the extra config takes:
+    SGLang's, the adapter's and every gdrkv.Client option."""
+    from gdrkv.adapters.sglang_hicache.options import ADAPTER_KEYS, SGLANG_KEYS
+    from gdrkv.client import _OPTIONS
+
+    with open(os.path.join(CONFIGS, "README.md")) as f:
+        table = f.read().split("## Settings", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"`([a-z_0-9]+)`", table))
+    assert set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(_OPTIONS) <= documented, \
+        sorted(set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(_OPTIONS) - documented)
 
 
 # ---------------------------------------------------------------- factory
