@@ -81,10 +81,11 @@ def run(args):
                 # A server of its own: the flag is the whole server's.
                 with harness.server(_ServerArgs(args), ["--single-tenant"], pretouch=True) as url_1t:
                     for size in sizes:
-                        report["gdrkv"] += _gdrkv(torch, url_1t, transport, size)
+                        report["gdrkv"] += _gdrkv(torch, url_1t, transport, size,
+                                                  conns=args.conns)
                 continue
             for size in sizes:
-                report["gdrkv"] += _gdrkv(torch, url, transport, size)
+                report["gdrkv"] += _gdrkv(torch, url, transport, size, conns=args.conns)
         print(_gdrkv_table(report["gdrkv"], report["ceilings"]), flush=True)
         if "shm" in transports:
             report["interference"] = _interference(torch, url)
@@ -175,7 +176,7 @@ class _Batch:
             raise RuntimeError(f"batch call failed: rc {rc}, {len(bad)} keys, e.g. {bad[:3]}")
 
 
-def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto")):
+def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto"), conns=None):
     per_batch = max(1, BATCH_BYTES // size)
     nbatches = max(1, STORE_BYTES // BATCH_BYTES)
     count = per_batch * nbatches
@@ -187,7 +188,7 @@ def _gdrkv(torch, url, transport, size, modes=("kernel", "copy_engine", "auto"))
     for mode in modes:
         ns = f"bench-gpu-{os.getpid()}-{transport}-{size}-{mode}"
         with Client(url, transport=transport.removesuffix(SINGLE_TENANT), namespace=ns,
-                    gpu_copy=mode) as client:
+                    gpu_copy=mode, **({"conns": conns} if conns else {})) as client:
             client.register(dev)
             batches = [_Batch([f"{i}" for i in range(b * per_batch, (b + 1) * per_batch)],
                               ptrs[b * per_batch:(b + 1) * per_batch], size)
