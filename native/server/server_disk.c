@@ -19,11 +19,19 @@
  * every other reader up, and I/O queues stay shallow. */
 #define SERVER_DISK_THREADS 4
 
-/* A parked frame's keys: everything copied out of the connection. */
-struct disk_job {
-    struct disk_job *next;
+/* A parked frame: its keys are split over up to SERVER_DISK_THREADS jobs,
+ * read side by side (a disk serves several reads at once far faster than
+ * one after the other); the last job to finish wakes the worker. */
+struct disk_frame {
+    uint32_t jobs_left;         /* atomic */
     struct server_worker *worker;
     uint64_t serial;            /* the connection's */
+};
+
+/* Part of a parked frame's keys: everything copied out of the connection. */
+struct disk_job {
+    struct disk_job *next;
+    struct disk_frame *frame;
     struct gk_ns ns;            /* points after the entries */
     uint32_t n;
     struct gk_entry entries[];  /* then the namespace and key bytes they point to */
@@ -38,44 +46,52 @@ struct server_disk {
     pthread_t threads[SERVER_DISK_THREADS];
 };
 
-static struct disk_job *job_new(struct server_conn *c)
+/* The job of keys [first, first + n) of c's frame. */
+static struct disk_job *job_new(struct server_conn *c, struct disk_frame *frame, uint32_t first,
+                                uint32_t n)
 {
-    const struct server_batch *b = &c->batch;
-    uint32_t n = c->req.count;
+    const struct gk_entry *e = c->batch.entries + first;
     size_t bytes = c->ns.len;
     for (uint32_t i = 0; i < n; i++)
-        bytes += b->entries[i].key_len;
+        bytes += e[i].key_len;
     struct disk_job *j = malloc(sizeof *j + n * sizeof *j->entries + bytes);
     if (!j)
         return NULL;
     j->next = NULL;
-    j->worker = c->worker;
-    j->serial = c->serial;
+    j->frame = frame;
     j->n = n;
     uint8_t *p = (uint8_t *)(j->entries + n);
     memcpy(p, c->ns.name, c->ns.len);
     j->ns = (struct gk_ns){.name = p, .len = c->ns.len};
     p += c->ns.len;
     for (uint32_t i = 0; i < n; i++) {
-        j->entries[i] = b->entries[i];
-        memcpy(p, b->entries[i].key, b->entries[i].key_len);
+        j->entries[i] = e[i];
+        memcpy(p, e[i].key, e[i].key_len);
         j->entries[i].key = p;
-        p += b->entries[i].key_len;
+        p += e[i].key_len;
     }
     return j;
 }
 
-/* Tells the job's worker that its connection may run the frame again. */
-static void job_done(struct disk_job *j)
+/* Tells the frame's worker that its connection may run the frame again. */
+static void frame_done(struct disk_frame *f)
 {
-    struct server_worker *w = j->worker;
+    struct server_worker *w = f->worker;
     pthread_mutex_lock(&w->disk_lock);
     if (gk_grow(&w->disk_done, &w->disk_done_cap, w->ndisk_done + 1, sizeof *w->disk_done,
                 16) == 0)
-        w->disk_done[w->ndisk_done++] = j->serial;
+        w->disk_done[w->ndisk_done++] = f->serial;
     pthread_mutex_unlock(&w->disk_lock);
-    /* Out of memory: the connection's request deadline closes it. */
+    /* Out of memory: the connection's stall timeout closes it. */
     eventfd_write(w->disk_fd, 1);
+    free(f);
+}
+
+static void job_finished(struct disk_job *j)
+{
+    if (__atomic_sub_fetch(&j->frame->jobs_left, 1, __ATOMIC_ACQ_REL) == 0)
+        frame_done(j->frame);
+    free(j);
 }
 
 static void *disk_thread(void *arg)
@@ -94,8 +110,7 @@ static void *disk_thread(void *arg)
             d->tail = NULL;
         pthread_mutex_unlock(&d->lock);
         store_promote_batch(s->store, &j->ns, j->entries, j->n);
-        job_done(j);
-        free(j);
+        job_finished(j);
         pthread_mutex_lock(&d->lock);
     }
     pthread_mutex_unlock(&d->lock);
@@ -132,6 +147,8 @@ void server_disk_stop(struct gdrkv_server *s)
     while (d->head) {
         struct disk_job *j = d->head;
         d->head = j->next;
+        if (__atomic_sub_fetch(&j->frame->jobs_left, 1, __ATOMIC_ACQ_REL) == 0)
+            free(j->frame);
         free(j);
     }
     pthread_cond_destroy(&d->wake);
@@ -144,19 +161,32 @@ int server_disk_park(struct server_conn *c)
 {
     struct gdrkv_server *s = c->worker->server;
     struct server_disk *d = s->disk;
-    if (!d || c->disk_done ||
-        !store_on_disk_any(s->store, &c->ns, c->batch.entries, c->req.count))
+    uint32_t n = c->req.count;
+    if (!d || c->disk_done || !store_on_disk_any(s->store, &c->ns, c->batch.entries, n))
         return 0;
-    struct disk_job *j = job_new(c);
-    if (!j)
-        return 0;               /* out of memory: the keys are misses */
+    uint32_t njobs = GK_MIN((uint32_t)d->nthreads, n), per_job = (n + njobs - 1) / njobs;
+    njobs = (n + per_job - 1) / per_job;
+    struct disk_frame *frame = malloc(sizeof *frame);
+    struct disk_job *jobs[SERVER_DISK_THREADS] = {0};
+    int ok = frame != NULL;
+    for (uint32_t k = 0; ok && k < njobs; k++)
+        ok = (jobs[k] = job_new(c, frame, k * per_job, GK_MIN(per_job, n - k * per_job))) != NULL;
+    if (!ok) {                  /* out of memory: the keys are misses */
+        for (uint32_t k = 0; k < njobs; k++)
+            free(jobs[k]);
+        free(frame);
+        return 0;
+    }
+    *frame = (struct disk_frame){.jobs_left = njobs, .worker = c->worker, .serial = c->serial};
     pthread_mutex_lock(&d->lock);
-    if (d->tail)
-        d->tail->next = j;
-    else
-        d->head = j;
-    d->tail = j;
-    pthread_cond_signal(&d->wake);
+    for (uint32_t k = 0; k < njobs; k++) {
+        if (d->tail)
+            d->tail->next = jobs[k];
+        else
+            d->head = jobs[k];
+        d->tail = jobs[k];
+    }
+    pthread_cond_broadcast(&d->wake);
     pthread_mutex_unlock(&d->lock);
     gk_counter_add(&c->worker->counters.frames_waited_for_disk, 1);
     return 1;
