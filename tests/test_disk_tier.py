@@ -200,6 +200,37 @@ def test_a_slow_disk_does_not_hold_up_reads_from_memory(server_factory, make_cli
     assert done["cold"] == [True]
 
 
+def test_two_readers_of_one_key_on_disk_both_get_it(server_factory, make_client, tmp_path,
+                                                    disk_faults):
+    """Two readers (two TP ranks of an MLA model reading one page) ask for
+    the same key on disk at once: the second waits for the first one's
+    promotion instead of missing."""
+    disk_faults("slow-reads", on=False, ms=1500)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir)
+    ns = unique("ns")
+    writer = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
+    keys = keys_of("shared", 96)
+    write_paced(server, writer, keys)
+    disk_faults("slow-reads", on=True, ms=1500)
+    found = {}
+
+    def read(name):
+        reader = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
+        found[name] = read_back(reader, keys[:1])
+
+    first = threading.Thread(target=read, args=("first",))
+    first.start()
+    wait_for(lambda: server.stats()["frames_waited_for_disk"] >= 1, 10, "the first read to park")
+    second = threading.Thread(target=read, args=("second",))
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert found == {"first": [True], "second": [True]}
+    assert server.stats()["frames_waited_for_disk"] == 2
+
+
 @pytest.mark.parametrize("args, message", [
     (["--disk", "{missing}", "--disk-size", "1GiB"], "No such file or directory"),
     (["--disk", "{file}", "--disk-size", "1GiB"], "not a directory"),

@@ -58,6 +58,8 @@
 #define DEMOTE_BATCH_BYTES (64ull << 20)
 #define DEMOTE_SCAN 4096
 #define DEMOTE_IDLE_MS 100
+/* How long a promotion waits for another one of the same key to commit. */
+#define PROMOTE_WAIT_MS 5000
 
 #define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
@@ -1276,12 +1278,20 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
     if (disk_lookup(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &loc) != 0)
         return 0;
     struct gk_entry entry = {.key = e->key, .key_len = e->key_len, .size = loc.size};
-    pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_find(s, ns);
-    /* Anything but a fresh reservation (the key came back into the pool,
-     * someone writes it, or no room): nothing to do. */
-    int32_t st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left);
-    pthread_mutex_unlock(&s->lock);
+    int32_t st;
+    /* Another reader promoting the same key (or a writer writing it) holds
+     * a reservation: wait for its commit, so that this reader finds the
+     * key too (two TP ranks read the same MLA page at once). Anything else
+     * but a fresh reservation (the key is back, no room): nothing to do. */
+    for (int waited = 0;; waited++) {
+        pthread_mutex_lock(&s->lock);
+        struct store_ns *space = ns_find(s, ns);
+        st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left);
+        pthread_mutex_unlock(&s->lock);
+        if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
+            break;
+        usleep(1000);
+    }
     if (st != 0) {
         disk_release(s->disk, &loc);
         return 0;
