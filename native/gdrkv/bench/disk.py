@@ -31,7 +31,7 @@ from ..client import Client
 from ..server import Server
 from ..sizes import format_size, parse_size
 from ..table import format_table
-from . import harness
+from . import engines, harness
 
 DEFAULT_SIZES = "64KiB,1MiB"
 # The server's disk threads (server_disk.c): the raw reads run as many.
@@ -180,11 +180,10 @@ def _gets(server, client, keys, size, batch, repeat):
 
 def _sglang(server, folder, size, n, batch, repeat):
     try:
-        from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
+        from sglang.srt.mem_cache.hicache_storage import HiCacheFile
     except ImportError:
         return []
     from ..adapters.sglang_hicache import GdrkvHiCacheStorage
-    from .engines import PageFirstHostPool
 
     # Pages of this size: page_size tokens of one layer, one head of 128 bf16 (K and V).
     tokens = max(1, size // (2 * 128 * 2))
@@ -192,25 +191,21 @@ def _sglang(server, folder, size, n, batch, repeat):
     # would evict pages before the demoter wrote them (SGLang's own calls,
     # 128 pages at most, are far below that in a pool of real size).
     batch = max(1, min(batch, server.stats()["pool_bytes"] // 50 // size))
-    pool = PageFirstHostPool(2 * batch, page_size=tokens, layer_num=1, head_num=1, head_dim=128)
-    pages = list(range(batch))
-    source, landing = pool.first_indices(pages), pool.first_indices(range(batch, 2 * batch))
+    pool = engines.PageFirstHostPool(2 * batch, page_size=tokens, layer_num=1, head_num=1,
+                                     head_dim=128)
+    page_bytes = sum(pool.get_page_buffer_meta(pool.first_indices([0]))[1])
+    source, landing = pool.first_indices(range(batch)), pool.first_indices(range(batch, 2 * batch))
     calls = [[f"{j:08x}{i:056x}" for i in range(batch)] for j in range(max(1, n // batch))]
-
-    def config(extra):
-        return HiCacheStorageConfig(
-            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-            is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-            model_name="gdrkv-bench/disk", extra_config=extra)
 
     rows = []
     files = os.path.join(folder, "hicache")
     os.makedirs(files, exist_ok=True)
+    model = "gdrkv-bench/disk"
     backends = {
-        "sglang file": HiCacheFile(config({"file_storage_path": files})),
-        "sglang gdrkv from disk": GdrkvHiCacheStorage(config({
+        "sglang file": HiCacheFile(engines.sglang_config({"file_storage_path": files}, model)),
+        "sglang gdrkv from disk": GdrkvHiCacheStorage(engines.sglang_config({
             "interface_v1": 1, "url": server.url, "transport": "shm",
-            "namespace": f"bench-disk-sglang-{os.getpid()}"}), {}),
+            "namespace": f"bench-disk-sglang-{os.getpid()}"}, model), {}),
     }
     with contextlib.ExitStack() as stack:
         for name, backend in backends.items():
@@ -218,10 +213,11 @@ def _sglang(server, folder, size, n, batch, repeat):
             if hasattr(backend, "close"):
                 stack.callback(backend.close)
             copying = name == "sglang file"
+            # As the controller moves pages for it: flat copies for the file
+            # backend, zero copy for gdrkv.
+            pages = engines.kv_pages("file" if copying else "gdrkv", backend, pool)
             for keys in calls:
-                ok = backend.batch_set(keys, [pool.get_data_page(i * tokens) for i in pages]) \
-                    if copying else all(backend.batch_set_v1(keys, source))
-                if not ok:
+                if not pages.set(keys, source):
                     raise RuntimeError(f"gdrkv bench: {name} set failed")
                 if not copying:
                     _wait_demoter(server)
@@ -234,25 +230,13 @@ def _sglang(server, folder, size, n, batch, repeat):
                         _fill(server, client, [], size, batch)
                 start = time.perf_counter()
                 for keys in calls:
-                    ok = _copied_get(backend, pool, keys, landing) if copying else \
-                        all(backend.batch_get_v1(keys, landing))
-                    if not ok:
+                    if not pages.get(keys, landing):
                         raise RuntimeError(f"gdrkv bench: {name} get failed")
-                page_bytes = sum(pool.get_page_buffer_meta(pool.first_indices([0]))[1])
                 rates.append(len(calls) * batch * page_bytes /
                              (time.perf_counter() - start) / 1e9)
             rows.append(_row(name + " get", size, batch, rates))
             backend.clear()
     return rows
-
-
-def _copied_get(backend, pool, keys, landing):
-    pages = backend.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys])
-    if pages is None or any(p is None for p in pages):
-        return False
-    for i, data in enumerate(pages):
-        pool.set_from_flat_data_page(int(landing[i * pool.page_size]), data)
-    return True
 
 
 def _drop_page_cache(folder):

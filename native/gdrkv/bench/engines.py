@@ -241,31 +241,36 @@ def _sglang(url, stores, system, args, progress, logs):
     with contextlib.ExitStack() as stack:
         backend = _sglang_backend(stack, system, url)
         backend.register_mem_pool_host(pool)
-        return _sglang_rounds(system, backend, _kv_pages(system, backend, pool), pool, npages,
+        return _sglang_rounds(system, backend, kv_pages(system, backend, pool), pool, npages,
                               args, progress)
 
 
-def _kv_pages(system, backend, pool):
+def kv_pages(system, backend, pool):
     """How the controller moves KV pages with this backend: zero copy where
     it has v1 methods (gdrkv, Mooncake), flat copies for the file backend."""
     return _CopiedPages(backend, pool) if system == "file" else _ZeroCopyPages(backend)
 
 
+def sglang_config(extra, model=MODEL):
+    """The HiCacheStorageConfig of one TP rank of an MHA model with this
+    extra config, as SGLang builds it for a storage backend."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    return HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name=model, extra_config=extra)
+
+
 def _sglang_backend(stack, system, url):
     """GdrkvHiCacheStorage over system's transport, or HiCacheFile in a
     fresh folder; closed or removed when stack closes."""
-    from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 
     from ..adapters.sglang_hicache import GdrkvHiCacheStorage
 
-    def config(extra):
-        return HiCacheStorageConfig(
-            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-            is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-            model_name=MODEL, extra_config=extra)
-
     if system.startswith("gdrkv "):
-        backend = GdrkvHiCacheStorage(config({
+        backend = GdrkvHiCacheStorage(sglang_config({
             "interface_v1": 1, "url": url, "transport": _transport(system),
             "namespace": f"gdrkv-compare-sglang-{os.getpid()}"}), {})
         stack.callback(backend.close)
@@ -275,7 +280,7 @@ def _sglang_backend(stack, system, url):
 
         # No segment of its own: objects go to the segment holder's, as the
         # raw Mooncake rows' do.
-        return MooncakeStore(config({
+        return MooncakeStore(sglang_config({
             "master_server_address": MOONCAKE_MASTER, "metadata_server": MOONCAKE_METADATA,
             "protocol": "tcp", "global_segment_size": 0, "local_hostname": "127.0.0.1",
             "check_server": False}))
@@ -283,7 +288,7 @@ def _sglang_backend(stack, system, url):
     # users who benchmark it run it.
     folder = tempfile.mkdtemp(prefix="gdrkv-compare-hicache-", dir=_TMPFS)
     stack.callback(shutil.rmtree, folder, ignore_errors=True)
-    return HiCacheFile(config({"file_storage_path": folder}))
+    return HiCacheFile(sglang_config({"file_storage_path": folder}))
 
 
 def _sglang_rounds(system, backend, pages, pool, npages, args, progress, engine="sglang"):
@@ -416,7 +421,7 @@ def _sglang_mamba(url, stores, system, args, progress, logs):
         backend.register_mem_pool_host(kv_pool)
         backend.register_mem_host_pool_v2(kv_pool, PoolName.KV)
         backend.register_mem_host_pool_v2(pool, PoolName.MAMBA)
-        pages = _SidePoolPages(backend, _kv_pages(system, backend, kv_pool), kv_pool)
+        pages = _SidePoolPages(backend, kv_pages(system, backend, kv_pool), kv_pool)
         return _sglang_rounds(system, backend, pages, pool, nslots, args, progress,
                               engine="sglang-mamba")
 
