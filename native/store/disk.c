@@ -266,6 +266,11 @@ static void copy_value(uint8_t *dst, const struct disk_item *it)
     }
 }
 
+static uint64_t item_record_len(const struct disk_item *it)
+{
+    return disk_record_len(disk_record_hdr_len(it->ns_len, it->key_len), it->size);
+}
+
 /* Packs items[first..] into the write buffer as records from file offset
  * base, while they fit in room bytes; returns how many it packed and sets
  * *len to the bytes to write (whole blocks) and seqs[]. */
@@ -278,7 +283,7 @@ static uint32_t pack(struct disk_tier *d, const struct disk_item *items, uint32_
     for (; i < n; i++) {
         const struct disk_item *it = &items[i];
         uint32_t hdr_len = disk_record_hdr_len(it->ns_len, it->key_len);
-        uint64_t rec_len = disk_record_len(hdr_len, it->size);
+        uint64_t rec_len = item_record_len(it);
         if (pos + rec_len > room)
             break;
         uint8_t *rec = d->write_buf + pos;
@@ -350,10 +355,8 @@ void disk_put_batch(struct disk_tier *d, const struct disk_item *items, uint32_t
             const struct disk_item *p = &items[i + k];
             struct disk_entry *e =
                 rc ? NULL
-                   : new_entry(fi, ri, offs[k],
-                               disk_record_len(disk_record_hdr_len(p->ns_len, p->key_len),
-                                               p->size),
-                               seqs[k], p->size, p->ns, p->ns_len, p->key, p->key_len);
+                   : new_entry(fi, ri, offs[k], item_record_len(p), seqs[k], p->size, p->ns,
+                               p->ns_len, p->key, p->key_len);
             status[i + k] = e ? 0 : GDRKV_E_INTERNAL;
             if (e) {
                 add_entry(d, e);

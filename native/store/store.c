@@ -374,20 +374,14 @@ static void evict(struct store *s, struct store_obj *o)
     obj_unlink_dropping_ns(s, o);
 }
 
-/*
- * Evicts the least recently used unpinned object, looking at no more than
- * *scan_left objects over the caller's whole run. A pinned object found at
- * the tail is being read right now, which is a use: it moves to the head so
- * later scans don't trip over it again. Returns whether one was evicted.
- */
 /* With a disk tier, the coldest unpinned object that has a copy on disk,
  * among the CLEAN_SCAN coldest: evicting it loses nothing. NULL when there
  * is none; the demoter is then woken to write some. */
 #define CLEAN_SCAN 64
-static struct store_obj *coldest_clean(struct store *s, uint32_t *scan_left)
+static struct store_obj *coldest_clean(struct store *s, uint32_t *scan_left, uint32_t scan)
 {
     struct dlink *l = s->lru.prev;
-    for (uint32_t i = 0; i < CLEAN_SCAN && *scan_left > 0 && l != &s->lru; i++, l = l->prev) {
+    for (uint32_t i = 0; i < scan && *scan_left > 0 && l != &s->lru; i++, l = l->prev) {
         (*scan_left)--;
         struct store_obj *o = CONTAINER_OF(l, struct store_obj, lru);
         if (!o->pins && o->on_disk)
@@ -397,12 +391,22 @@ static struct store_obj *coldest_clean(struct store *s, uint32_t *scan_left)
     return NULL;
 }
 
-static int evict_lru(struct store *s, uint32_t *scan_left)
+/*
+ * Evicts the least recently used unpinned object, looking at no more than
+ * *scan_left objects over the caller's whole run. A pinned object found at
+ * the tail is being read right now, which is a use: it moves to the head so
+ * later scans don't trip over it again. Returns whether one was evicted.
+ * clean_only (a promotion's room): only an object with a copy on disk,
+ * sought over the whole budget; a read never costs another object its bytes.
+ */
+static int evict_lru(struct store *s, uint32_t *scan_left, int clean_only)
 {
-    struct store_obj *clean = s->disk ? coldest_clean(s, scan_left) : NULL;
-    if (clean) {
-        evict(s, clean);
-        return 1;
+    struct store_obj *clean =
+        s->disk ? coldest_clean(s, scan_left, clean_only ? *scan_left : CLEAN_SCAN) : NULL;
+    if (clean || clean_only) {
+        if (clean)
+            evict(s, clean);
+        return clean != NULL;
     }
     /* The LRU holds exactly the st.objects committed objects: once that
      * many were skipped, every one of them is pinned. */
@@ -446,7 +450,7 @@ static void write_headers(struct store *s, const struct store_obj *o)
 /* Gives o all its chunks, evicting while the allocator is out of room,
  * within the batch's *scan_left. On failure o keeps the chunks it got
  * (o->nchunks) for obj_unlink to free. */
-static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left)
+static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left, int clean_only)
 {
     uint32_t want = alloc_nchunks(o->size, o->head_len, s->piece_hdr);
     while (o->nchunks < want) {
@@ -454,7 +458,7 @@ static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left
         uint64_t len = alloc_piece_len(o->size, o->head_len, s->piece_hdr, o->nchunks), off;
         if (alloc_get(&s->alloc, hdr + len, &off) == 0)
             o->chunks[o->nchunks++] = (struct store_chunk){off + hdr, len};
-        else if (!evict_lru(s, scan_left))
+        else if (!evict_lru(s, scan_left, clean_only))
             return -1;
     }
     return 0;
@@ -897,10 +901,11 @@ static int reserved_by(struct store_obj *const *objs, uint32_t n, const struct s
     return 0;
 }
 
-/* Reserves entry i of a batch into objs[i], evicting within *scan_left. */
+/* Reserves entry i of a batch into objs[i], evicting within *scan_left
+ * (only objects on disk with clean_only: evict_lru). */
 static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
                            const struct gk_entry *e, struct store_obj **objs, uint32_t i,
-                           uint32_t *scan_left)
+                           uint32_t *scan_left, int clean_only)
 {
     struct store_obj *found;
 
@@ -935,7 +940,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
     index_insert(&s->objects, &o->node);
     dlink_push_head(&(*space)->objs, &o->ns_link);
     s->st.reserved_objects++;
-    if (fill_chunks(s, o, scan_left) != 0) {
+    if (fill_chunks(s, o, scan_left, clean_only) != 0) {
         obj_unlink(s, o);
         if (ns_drop_if_empty(s, *space))
             *space = NULL;
@@ -955,7 +960,7 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
     struct store_ns *space = name_ok ? ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
-        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i, &scan_left)
+        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i, &scan_left, 0)
                             : GDRKV_E_INVALID;
     }
     pthread_mutex_unlock(&s->lock);
@@ -1072,6 +1077,14 @@ struct demotion {
     size_t dead_cap, dead_len;
 };
 
+/* Adds o to the batch, with a copy of its namespace's name. */
+static void batch_add(struct demotion *b, struct store_obj *o)
+{
+    b->ns_len[b->n] = o->ns->node.key_len;
+    memcpy(b->ns[b->n], o->ns->name, o->ns->node.key_len);
+    b->objs[b->n++] = o;
+}
+
 /* Takes the batch from the LRU's cold end, under lock. Draining (above the
  * high watermark, down to the low one), objects on disk already (or too
  * big for it) are evicted at once and the others pinned for the write;
@@ -1092,7 +1105,7 @@ static void pick_cold(struct store *s, struct demotion *b, int draining)
         struct store_obj *o = CONTAINER_OF(l, struct store_obj, lru);
         l = l->prev;
         seen += o->size;
-        if (o->pins || (!draining && o->on_disk))
+        if (o->pins)
             continue;
         if (o->on_disk || o->size > disk_max_value(s->disk)) {
             if (draining)
@@ -1100,11 +1113,20 @@ static void pick_cold(struct store *s, struct demotion *b, int draining)
             continue;
         }
         obj_pin(s, o);
-        b->ns_len[b->n] = o->ns->node.key_len;
-        memcpy(b->ns[b->n], o->ns->name, o->ns->node.key_len);
-        b->objs[b->n++] = o;
+        batch_add(b, o);
         bytes += o->size;
     }
+}
+
+/* Fills iov with where o's value bytes are in the pool; returns how many
+ * pieces (store_obj_chunks' count: none for an empty value). */
+static uint32_t obj_iov(const struct store *s, const struct store_obj *o, struct iovec *iov)
+{
+    uint32_t n;
+    const struct store_chunk *c = store_obj_chunks(o, &n);
+    for (uint32_t k = 0; k < n; k++)
+        iov[k] = (struct iovec){s->pool.base + c[k].off, c[k].len};
+    return n;
 }
 
 /* The batch's disk items, pointing at the objects' chunks in the pool. */
@@ -1112,19 +1134,17 @@ static int describe(struct store *s, struct demotion *b)
 {
     uint32_t pieces = 0;
     for (uint32_t i = 0; i < b->n; i++)
-        pieces += b->objs[i]->size ? b->objs[i]->nchunks : 0;
+        pieces += b->objs[i]->nchunks;
     if (gk_grow(&b->iov, &b->iov_cap, pieces, sizeof *b->iov, 1024) != 0)
         return -1;
     struct iovec *iov = b->iov;
     for (uint32_t i = 0; i < b->n; i++) {
         struct store_obj *o = b->objs[i];
-        uint32_t nchunks = o->size ? o->nchunks : 0;
-        for (uint32_t k = 0; k < nchunks; k++)
-            iov[k] = (struct iovec){s->pool.base + o->chunks[k].off, o->chunks[k].len};
+        uint32_t n = obj_iov(s, o, iov);
         b->items[i] = (struct disk_item){.ns = b->ns[i], .ns_len = b->ns_len[i],
                                          .key = o->node.key, .key_len = o->node.key_len,
-                                         .iov = iov, .iovcnt = nchunks, .size = o->size};
-        iov += nchunks;
+                                         .iov = iov, .iovcnt = n, .size = o->size};
+        iov += n;
     }
     return 0;
 }
@@ -1231,9 +1251,7 @@ static void flush_to_disk(struct store *s)
             if (o->on_disk || o->size > disk_max_value(s->disk))
                 continue;
             o->on_disk = 1;     /* picked: not again, whatever the write does */
-            b->ns_len[b->n] = o->ns->node.key_len;
-            memcpy(b->ns[b->n], o->ns->name, o->ns->node.key_len);
-            b->objs[b->n++] = o;
+            batch_add(b, o);
         }
         if (b->n == 0 || describe(s, b) != 0)
             break;
@@ -1286,7 +1304,7 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
     for (int waited = 0;; waited++) {
         pthread_mutex_lock(&s->lock);
         struct store_ns *space = ns_find(s, ns);
-        st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left);
+        st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left, 1);
         pthread_mutex_unlock(&s->lock);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
             break;
@@ -1298,13 +1316,11 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
     }
     if (s->piece_hdr)
         write_headers(s, o);
-    uint32_t nchunks = o->size ? o->nchunks : 0;
-    struct iovec *iov = malloc((nchunks ? nchunks : 1) * sizeof *iov);
+    struct iovec *iov = malloc((o->nchunks ? o->nchunks : 1) * sizeof *iov);
     int rc = iov ? 0 : GDRKV_E_INTERNAL;
-    for (uint32_t k = 0; iov && k < nchunks; k++)
-        iov[k] = (struct iovec){s->pool.base + o->chunks[k].off, o->chunks[k].len};
     if (rc == 0)
-        rc = disk_read(s->disk, &loc, ns_bytes(ns), ns->len, e->key, e->key_len, iov, nchunks);
+        rc = disk_read(s->disk, &loc, ns_bytes(ns), ns->len, e->key, e->key_len, iov,
+                       obj_iov(s, o, iov));
     disk_release(s->disk, &loc);
     free(iov);
     uint64_t size;
@@ -1343,15 +1359,19 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
 static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                              uint32_t n, int32_t *status)
 {
+    uint64_t deleted = 0;
     for (uint32_t i = 0; s->disk && ns_name_ok(ns) && i < n; i++) {
         if (key_ok(&e[i]) &&
             disk_delete(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len) == 0 &&
             status[i] != 0) {
             status[i] = 0;
-            pthread_mutex_lock(&s->lock);
-            s->st.deletes++;
-            pthread_mutex_unlock(&s->lock);
+            deleted++;
         }
+    }
+    if (deleted) {
+        pthread_mutex_lock(&s->lock);
+        s->st.deletes += deleted;
+        pthread_mutex_unlock(&s->lock);
     }
 }
 
@@ -1372,7 +1392,7 @@ uint64_t store_maintain(struct store *s)
         pthread_mutex_lock(&s->lock);
         if (s->alloc.used_bytes > s->high_bytes)
             s->draining = 1;
-        while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left))
+        while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left, 0))
             evicted++;
         if (s->alloc.used_bytes <= s->low_bytes)
             s->draining = 0;
