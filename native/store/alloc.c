@@ -264,34 +264,37 @@ void alloc_put(struct alloc *a, uint64_t off)
 
 /* ---------------------------------------------------------------- restart */
 
+void alloc_restore_begin(struct alloc *a)
+{
+    for (uint32_t p = 0; p < a->npages; p++) {
+        uint32_t tag = a->page_tags[p];
+        if (tag == 0 || tag > a->nclasses)
+            continue;
+        const struct alloc_class *c = &a->classes[tag - 1];
+        uint64_t *bits = page_bits(a, p);
+        memset(bits, 0xff, c->per_page / 64 * sizeof *bits);
+        if (c->per_page % 64)
+            bits[c->per_page / 64] = (1ull << (c->per_page % 64)) - 1;
+        a->pages[p] = (struct alloc_page){.cls = tag - 1, .used = 0, .hint = 0,
+                                          .prev = ALLOC_NIL, .next = ALLOC_NIL,
+                                          .wiped_for = a->pages[p].wiped_for};
+    }
+}
+
 int alloc_restore_claim(struct alloc *a, uint64_t off, uint64_t len)
 {
     uint64_t p = off / ALLOC_PAGE_SIZE;
     if (p >= a->npages || a->page_tags[p] == 0 || a->page_tags[p] > a->nclasses)
         return -1;
-    uint32_t cls = a->page_tags[p] - 1;
-    struct alloc_class *c = &a->classes[cls];
     struct alloc_page *pg = &a->pages[p];
-    if (off % ALLOC_PAGE_SIZE % c->size || len > c->size)
+    const struct alloc_class *c = &a->classes[pg->cls];
+    if (pg->cls != a->page_tags[p] - 1 || off % ALLOC_PAGE_SIZE % c->size || len > c->size)
         return -1;
-    uint64_t *bits = page_bits(a, (uint32_t)p);
-    if (pg->cls == ALLOC_NIL) {
-        /* First chunk claimed in this page: all of the class's chunks
-         * start free (the page is on no list until alloc_restore_done). */
-        memset(bits, 0xff, c->per_page / 64 * sizeof *bits);
-        if (c->per_page % 64)
-            bits[c->per_page / 64] = (1ull << (c->per_page % 64)) - 1;
-        pg->cls = cls;
-        pg->used = 0;
-        pg->hint = 0;
-    }
     uint32_t idx = (uint32_t)(off % ALLOC_PAGE_SIZE / c->size);
     uint64_t bit = 1ull << (idx % 64);
-    if (!(bits[idx / 64] & bit))
+    if (!(__atomic_fetch_and(&page_bits(a, (uint32_t)p)[idx / 64], ~bit, __ATOMIC_RELAXED) & bit))
         return -1;
-    bits[idx / 64] &= ~bit;
-    pg->used++;
-    a->used_bytes += c->size;
+    __atomic_fetch_add(&pg->used, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -299,11 +302,10 @@ void alloc_restore_unclaim(struct alloc *a, uint64_t off)
 {
     uint32_t p = (uint32_t)(off / ALLOC_PAGE_SIZE);
     struct alloc_page *pg = &a->pages[p];
-    struct alloc_class *c = &a->classes[pg->cls];
+    const struct alloc_class *c = &a->classes[pg->cls];
     uint32_t idx = (uint32_t)(off % ALLOC_PAGE_SIZE / c->size);
-    page_bits(a, p)[idx / 64] |= 1ull << (idx % 64);
-    pg->used--;
-    a->used_bytes -= c->size;
+    __atomic_fetch_or(&page_bits(a, p)[idx / 64], 1ull << (idx % 64), __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&pg->used, 1, __ATOMIC_RELAXED);
 }
 
 void alloc_restore_done(struct alloc *a)
@@ -322,8 +324,10 @@ void alloc_restore_done(struct alloc *a)
             a->free_head = p;
             a->free_pages++;
             a->page_tags[p] = 0;
-        } else if (pg->used < a->classes[pg->cls].per_page) {
-            partial_push(a, pg->cls, p);
+        } else {
+            a->used_bytes += (uint64_t)pg->used * a->classes[pg->cls].size;
+            if (pg->used < a->classes[pg->cls].per_page)
+                partial_push(a, pg->cls, p);
         }
     }
 }

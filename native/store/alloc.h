@@ -91,11 +91,14 @@ int alloc_get(struct alloc *a, uint64_t len, uint64_t *off);
 void alloc_put(struct alloc *a, uint64_t off);
 
 /* Restart over a pool file, between alloc_init (with page_tags set) and the
- * first alloc_get: alloc_restore_claim marks the chunk at off as handed out
- * (-1 when the page table gives its page no class, off is not a chunk
- * start of that class, the chunk is shorter than len, or it is taken);
- * alloc_restore_unclaim takes one back; alloc_restore_done frees every page
- * with no chunk claimed and builds the free lists. */
+ * first alloc_get: alloc_restore_begin gives every page the page table
+ * marks its class, all chunks free; alloc_restore_claim marks the chunk at
+ * off as handed out (-1 when the page table gives its page no class, off
+ * is not a chunk start of that class, the chunk is shorter than len, or it
+ * is taken); alloc_restore_unclaim takes one back; alloc_restore_done frees
+ * every page with no chunk claimed and builds the free lists. Claims and
+ * unclaims may run on several threads at once (atomics), the rest not. */
+void alloc_restore_begin(struct alloc *a);
 int alloc_restore_claim(struct alloc *a, uint64_t off, uint64_t len);
 void alloc_restore_unclaim(struct alloc *a, uint64_t off);
 void alloc_restore_done(struct alloc *a);

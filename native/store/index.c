@@ -130,3 +130,19 @@ void index_remove(struct index *ix, struct index_node *n)
     n->next = NULL;
     ix->count--;
 }
+
+uint32_t index_share_of(const struct index *ix, uint64_t hash, uint32_t nshares)
+{
+    uint64_t nbuckets = ix->cur.mask + 1;
+    return (uint32_t)((hash & ix->cur.mask) * nshares >> __builtin_ctzll(nbuckets));
+}
+
+void index_insert_in_share(struct index *ix, struct index_node *n)
+{
+    assert(!ix->old.buckets);
+    struct index_node **b = &ix->cur.buckets[n->hash & ix->cur.mask];
+    n->next = *b;
+    *b = n;
+}
+
+void index_add_count(struct index *ix, uint64_t n) { ix->count += n; }

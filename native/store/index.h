@@ -49,4 +49,13 @@ void index_insert(struct index *ix, struct index_node *n);
 /* n must be in the index. */
 void index_remove(struct index *ix, struct index_node *n);
 
+/* Filling a table just sized by index_init from several threads at once:
+ * the buckets are cut into nshares contiguous ranges, a thread inserts
+ * (index_insert_in_share) only nodes of its own share and finds only
+ * there, and nothing grows or counts meanwhile; index_add_count then
+ * counts what was inserted. */
+uint32_t index_share_of(const struct index *ix, uint64_t hash, uint32_t nshares);
+void index_insert_in_share(struct index *ix, struct index_node *n);
+void index_add_count(struct index *ix, uint64_t n);
+
 #endif

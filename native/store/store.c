@@ -23,25 +23,20 @@
  * than per key, and what it covers is pointer and counter updates only: the
  * transports copy object bytes outside it, under a pin or a reservation.
  */
-#include "store.h"
+#include "store_state.h"
 
 #include <assert.h>
-#include <pthread.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
 #include "disk.h"
 #include "gdrkv.h"
-#include "index.h"
 #include "persist.h"
-#include "pool.h"
 
 /* Objects one batch of reservations may look at while evicting, over all
  * its keys and under one hold of the lock: two per key of the largest
@@ -61,94 +56,17 @@
 /* How long a promotion waits for another one of the same key to commit. */
 #define PROMOTE_WAIT_MS 5000
 
-#define CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
-
 /* The disk tier's half (below), used from the lifecycle and write path. */
 static void *demoter_main(void *arg);
 static void flush_to_disk(struct store *s);
 static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                              uint32_t n, int32_t *status);
 
-/* Circular doubly-linked list; a list is its own sentinel link. */
-struct dlink {
-    struct dlink *prev, *next;
-};
-
-static void dlink_init(struct dlink *l) { l->prev = l->next = l; }
-static int dlink_empty(const struct dlink *l) { return l->next == l; }
-
-static void dlink_push_head(struct dlink *list, struct dlink *l)
-{
-    l->prev = list;
-    l->next = list->next;
-    list->next->prev = l;
-    list->next = l;
-}
-
-static void dlink_remove(struct dlink *l)
-{
-    l->prev->next = l->next;
-    l->next->prev = l->prev;
-    dlink_init(l);
-}
-
-static void dlink_move_head(struct dlink *list, struct dlink *l)
-{
-    dlink_remove(l);
-    dlink_push_head(list, l);
-}
-
-enum obj_state { OBJ_RESERVED, OBJ_COMMITTED, OBJ_UNLINKED };
-
-struct store_ns {
-    struct index_node node;     /* in store.namespaces, keyed by name */
-    struct dlink all;           /* in store.ns_list */
-    struct dlink objs;          /* its reserved and committed objects */
-    uint64_t id;                /* its objects' ns_id in the index; a new one per creation */
-    uint64_t objects, bytes;    /* committed ones, for quotas */
-    uint8_t name[];
-};
-
-struct store_obj {
-    struct index_node node;     /* in store.objects */
-    struct dlink lru;           /* committed: in store.lru */
-    struct dlink ns_link;       /* in ns->objs; once unlinked, in store.zombies */
-    struct store_ns *ns;        /* NULL once unlinked */
-    uint64_t size;
-    uint32_t pins;
-    uint32_t nchunks;           /* chunks held; all of them once reserved */
-    uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
-    int on_disk;                /* the disk tier holds a copy: evicting it loses nothing */
-    enum obj_state state;
-    struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
-};
-
-struct store {
-    pthread_mutex_t lock;
-    struct pool pool;
-    struct alloc alloc;
-    struct index objects;
-    struct index namespaces;
-    struct dlink ns_list;
-    struct dlink lru;           /* head = most recently used */
-    struct dlink zombies;       /* unlinked objects still pinned */
-    uint64_t last_ns_id;
-    uint64_t high_bytes, low_bytes;
-    int draining;               /* above high, not yet back to low */
-    uint32_t piece_hdr;         /* header bytes before chunks[1..]: 0 without a pool file */
-    uint64_t commit_seq;        /* a pool file's last commit */
-    struct store_stats st;      /* pool_* and hugepages filled in on read */
-    struct disk_tier *disk;     /* NULL without a disk tier */
-    pthread_t demoter;          /* writes cold objects to disk, then evicts them */
-    pthread_cond_t demote_wake;
-    int demoter_running, stopping;
-};
-
 /* ------------------------------------------------------------ namespaces */
 
 /* Nothing can be stored under a bad name: reads of it miss, writes to it
  * are invalid. */
-static int ns_name_ok(const struct gk_ns *name)
+int store_ns_name_ok(const struct gk_ns *name)
 {
     return name->len <= GK_MAX_NS_LEN && (name->len == 0 || name->name);
 }
@@ -159,7 +77,7 @@ static const uint8_t *ns_bytes(const struct gk_ns *ns)
     return ns->len ? ns->name : (const uint8_t *)"";
 }
 
-static struct store_ns *ns_find(struct store *s, const struct gk_ns *name)
+struct store_ns *store_ns_find(struct store *s, const struct gk_ns *name)
 {
     /* The default namespace may come with a NULL name; memcmp wants a pointer. */
     const uint8_t *bytes = ns_bytes(name);
@@ -168,7 +86,7 @@ static struct store_ns *ns_find(struct store *s, const struct gk_ns *name)
     return n ? CONTAINER_OF(n, struct store_ns, node) : NULL;
 }
 
-static struct store_ns *ns_create(struct store *s, const struct gk_ns *name)
+struct store_ns *store_ns_create(struct store *s, const struct gk_ns *name)
 {
     struct store_ns *ns = calloc(1, sizeof *ns + name->len);
     if (!ns)
@@ -189,7 +107,7 @@ static struct store_ns *ns_create(struct store *s, const struct gk_ns *name)
 
 /* A namespace lives exactly as long as it has objects, so client-chosen
  * names can't pile up. Returns whether ns was freed. */
-static int ns_drop_if_empty(struct store *s, struct store_ns *ns)
+int store_ns_drop_if_empty(struct store *s, struct store_ns *ns)
 {
     if (!dlink_empty(&ns->objs))
         return 0;
@@ -202,7 +120,7 @@ static int ns_drop_if_empty(struct store *s, struct store_ns *ns)
 
 /* --------------------------------------------------------------- objects */
 
-static int key_ok(const struct gk_entry *e)
+int store_key_ok(const struct gk_entry *e)
 {
     return e->key && e->key_len >= 1 && e->key_len <= GK_MAX_KEY_LEN;
 }
@@ -210,8 +128,8 @@ static int key_ok(const struct gk_entry *e)
 /* How many chunks an object of e's size takes, and its head's length (0
  * without a pool file, whose heads hold the piece list, so each depends on
  * the other: the loop settles in two or three rounds). */
-static uint32_t obj_cut(const struct store *s, uint32_t ns_len, const struct gk_entry *e,
-                        uint32_t *head_len)
+uint32_t store_obj_cut(const struct store *s, uint32_t ns_len, const struct gk_entry *e,
+                       uint32_t *head_len)
 {
     uint32_t n = 1, prev;
     *head_len = 0;
@@ -225,13 +143,13 @@ static uint32_t obj_cut(const struct store *s, uint32_t ns_len, const struct gk_
     return n;
 }
 
-static uint32_t chunk_hdr(const struct store *s, const struct store_obj *o, uint32_t i)
+uint32_t store_chunk_hdr(const struct store *s, const struct store_obj *o, uint32_t i)
 {
     return i == 0 ? o->head_len : s->piece_hdr;
 }
 
-static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
-                                 uint32_t nchunks, uint32_t head_len)
+struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
+                                uint32_t nchunks, uint32_t head_len)
 {
     struct store_obj *o = malloc(sizeof *o + nchunks * sizeof o->chunks[0] + e->key_len);
     if (!o)
@@ -254,16 +172,16 @@ static struct store_obj *obj_new(struct store *s, struct store_ns *ns, const str
     return o;
 }
 
-static uint64_t obj_head_off(const struct store_obj *o) { return o->chunks[0].off - o->head_len; }
+uint64_t store_obj_head_off(const struct store_obj *o) { return o->chunks[0].off - o->head_len; }
 
 static void obj_free(struct store *s, struct store_obj *o)
 {
     /* A pool file's head goes with its object, so a restart counts only
      * the writes a kill cut short as dropped. */
     if (s->piece_hdr && o->nchunks)
-        persist_forget(s->pool.base, obj_head_off(o));
+        persist_forget(s->pool.base, store_obj_head_off(o));
     for (uint32_t i = 0; i < o->nchunks; i++)
-        alloc_put(&s->alloc, o->chunks[i].off - chunk_hdr(s, o, i));
+        alloc_put(&s->alloc, o->chunks[i].off - store_chunk_hdr(s, o, i));
     free(o);
 }
 
@@ -280,7 +198,7 @@ static int32_t find_committed(struct store *s, const struct store_ns *ns,
                               const struct gk_entry *e, struct store_obj **out)
 {
     *out = NULL;
-    if (!key_ok(e))
+    if (!store_key_ok(e))
         return GDRKV_E_INVALID;
     struct store_obj *o = ns ? obj_find(s, ns, e) : NULL;
     if (!o || o->state != OBJ_COMMITTED)
@@ -314,7 +232,7 @@ static void obj_unlink(struct store *s, struct store_obj *o)
     if (o->state == OBJ_COMMITTED) {
         /* Before anything else may reuse the key or the chunks. */
         if (s->piece_hdr)
-            persist_uncommit(s->pool.base, obj_head_off(o));
+            persist_uncommit(s->pool.base, store_obj_head_off(o));
         dlink_remove(&o->lru);
         o->ns->objects--;
         o->ns->bytes -= o->size;
@@ -336,7 +254,7 @@ static void obj_unlink_dropping_ns(struct store *s, struct store_obj *o)
 {
     struct store_ns *ns = o->ns;
     obj_unlink(s, o);
-    ns_drop_if_empty(s, ns);
+    store_ns_drop_if_empty(s, ns);
 }
 
 static void obj_pin(struct store *s, struct store_obj *o)
@@ -431,7 +349,7 @@ static int evict_lru(struct store *s, uint32_t *scan_left, int clean_only)
 static void write_headers(struct store *s, const struct store_obj *o)
 {
     uint8_t *pool = s->pool.base;
-    uint64_t head = obj_head_off(o);
+    uint64_t head = store_obj_head_off(o);
     uint8_t *offs = persist_head_offsets(pool, head);
     for (uint32_t i = 1; i < o->nchunks; i++) {
         uint64_t piece = o->chunks[i].off - s->piece_hdr;
@@ -454,251 +372,12 @@ static int fill_chunks(struct store *s, struct store_obj *o, uint32_t *scan_left
 {
     uint32_t want = alloc_nchunks(o->size, o->head_len, s->piece_hdr);
     while (o->nchunks < want) {
-        uint32_t hdr = chunk_hdr(s, o, o->nchunks);
+        uint32_t hdr = store_chunk_hdr(s, o, o->nchunks);
         uint64_t len = alloc_piece_len(o->size, o->head_len, s->piece_hdr, o->nchunks), off;
         if (alloc_get(&s->alloc, hdr + len, &off) == 0)
             o->chunks[o->nchunks++] = (struct store_chunk){off + hdr, len};
         else if (!evict_lru(s, scan_left, clean_only))
             return -1;
-    }
-    return 0;
-}
-
-/* ---------------------------------------------------------------- restart */
-
-/* Re-creates the committed object whose head h is at off, claiming its
- * chunks. -1, with nothing kept, when any part of it does not hold
- * together: a state no server leaves, so some bytes are not what they seem. */
-static int restore_one(struct store *s, uint64_t off, const struct persist_head *h,
-                       struct store_ns **last_ns)
-{
-    struct gk_entry e = {.key = h->key, .key_len = h->key_len, .size = h->size};
-    struct gk_ns name = {.name = h->ns, .len = h->ns_len};
-    struct store_ns *ns = *last_ns;
-    uint32_t head_len;
-
-    if (!key_ok(&e) || !ns_name_ok(&name) || h->size > GK_MAX_OBJECT ||
-        obj_cut(s, h->ns_len, &e, &head_len) != h->npieces || head_len != h->head_len)
-        return -1;
-    /* Heads come in commit order, mostly in runs of one namespace. */
-    if (!ns || ns->node.key_len != name.len || memcmp(ns->name, name.name, name.len) != 0)
-        ns = ns_find(s, &name);
-    if (!ns && !(ns = ns_create(s, &name)))
-        return -1;
-    *last_ns = ns;
-    struct store_obj *o = obj_new(s, ns, &e, h->npieces, head_len);
-    int ok = o != NULL &&      /* and not a second head for one key: */
-             !index_find(&s->objects, o->node.hash, ns->id, o->node.key, o->node.key_len);
-    for (uint32_t i = 0; ok && i < h->npieces; i++) {
-        uint64_t raw = i ? gk_load64(h->piece_offs + 8ull * (i - 1)) : off;
-        uint32_t hdr = chunk_hdr(s, o, i);
-        uint64_t len = alloc_piece_len(h->size, head_len, s->piece_hdr, i);
-        ok = alloc_restore_claim(&s->alloc, raw, hdr + len) == 0;
-        if (ok)
-            o->chunks[o->nchunks++] = (struct store_chunk){raw + hdr, len};
-        ok = ok && (i == 0 || persist_piece_ok(s->pool.base, raw, off, i));
-    }
-    if (!ok) {
-        for (uint32_t i = 0; o && i < o->nchunks; i++)
-            alloc_restore_unclaim(&s->alloc, o->chunks[i].off - chunk_hdr(s, o, i));
-        free(o);
-        if (ns_drop_if_empty(s, ns))
-            *last_ns = NULL;
-        return -1;
-    }
-    index_insert(&s->objects, &o->node);
-    dlink_push_head(&ns->objs, &o->ns_link);
-    s->st.reserved_objects++;
-    obj_commit(s, o);
-    return 0;
-}
-
-/* A committed head found by the scan: where, and its commit order. */
-struct found_head {
-    uint64_t seq;
-    uint64_t off;
-};
-
-/* Sorts heads by seq, least significant 16 bits first (a qsort of tens of
- * millions of heads would take longer than the rest of the restart). */
-static int sort_by_seq(struct found_head **heads, uint32_t n, uint64_t max_seq)
-{
-    struct found_head *tmp = malloc((n ? n : 1) * sizeof *tmp), *src = *heads, *dst = tmp;
-    uint32_t *count = malloc((1u << 16) * sizeof *count);
-    if (!tmp || !count) {
-        free(tmp);
-        free(count);
-        return -1;
-    }
-    for (unsigned shift = 0; shift < 64 && (max_seq >> shift); shift += 16) {
-        memset(count, 0, (1u << 16) * sizeof *count);
-        for (uint32_t i = 0; i < n; i++)
-            count[(src[i].seq >> shift) & 0xffff]++;
-        for (uint32_t d = 0, total = 0; d < (1u << 16); d++) {
-            uint32_t c = count[d];
-            count[d] = total;
-            total += c;
-        }
-        for (uint32_t i = 0; i < n; i++)
-            dst[count[(src[i].seq >> shift) & 0xffff]++] = src[i];
-        struct found_head *t = src;
-        src = dst;
-        dst = t;
-    }
-    *heads = src;
-    free(dst);
-    free(count);
-    return 0;
-}
-
-/* One thread's share of the scan: pages [first, end). */
-struct scan_job {
-    const struct store *s;
-    uint32_t first, end;
-    struct found_head *heads;
-    uint32_t n, cap;
-    uint64_t max_seq, dropped;
-    int failed;                 /* out of memory */
-};
-
-/* Every committed, untorn head at the chunk starts of the job's pages that
- * the page table gives a class; the others are counted as dropped. */
-static void *scan_pages(void *arg)
-{
-    struct scan_job *job = arg;
-    const struct store *s = job->s;
-    const uint32_t *tags = s->alloc.page_tags;
-    for (uint32_t p = job->first; p < job->end && !job->failed; p++) {
-        if (tags[p] == 0 || tags[p] > s->alloc.nclasses)
-            continue;
-        const struct alloc_class *c = &s->alloc.classes[tags[p] - 1];
-        for (uint32_t j = 0; j < c->per_page; j++) {
-            uint64_t off = (uint64_t)p * ALLOC_PAGE_SIZE + (uint64_t)j * c->size;
-            struct persist_head h;
-            if (!persist_is_head(s->pool.base, off))
-                continue;
-            if (!persist_read_head(s->pool.base, off, c->size, &h)) {
-                job->dropped++;
-                continue;
-            }
-            if (gk_grow(&job->heads, &job->cap, job->n + 1, sizeof *job->heads, 4096) != 0) {
-                job->failed = 1;
-                break;
-            }
-            job->heads[job->n++] = (struct found_head){h.seq, off};
-            job->max_seq = GK_MAX(job->max_seq, h.seq);
-        }
-    }
-    return NULL;
-}
-
-#define SCAN_THREADS 16
-#define SCAN_PAGES_PER_THREAD 16    /* fewer pages than this are not worth a thread */
-
-/* The committed heads of the whole pool, scanned by a thread per core: the
- * scan is page faults and header checksums, which run side by side. NULL
- * when out of memory. */
-static struct found_head *find_heads(struct store *s, uint32_t *count, uint64_t *max_seq)
-{
-    struct scan_job jobs[SCAN_THREADS] = {{0}};
-    pthread_t threads[SCAN_THREADS];
-    int started[SCAN_THREADS] = {0};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t npages = s->alloc.npages;
-    uint32_t t, nthreads = (uint32_t)GK_MAX(1, GK_MIN(GK_MIN(cpus, SCAN_THREADS),
-                                                      npages / SCAN_PAGES_PER_THREAD));
-    for (t = 0; t < nthreads; t++) {
-        jobs[t] = (struct scan_job){.s = s, .first = (uint32_t)((uint64_t)npages * t / nthreads),
-                                    .end = (uint32_t)((uint64_t)npages * (t + 1) / nthreads)};
-        if (t > 0)
-            started[t] = pthread_create(&threads[t], NULL, scan_pages, &jobs[t]) == 0;
-    }
-    scan_pages(&jobs[0]);
-    uint64_t total = 0;
-    int failed = 0;
-    for (t = 0; t < nthreads; t++) {
-        if (t > 0 && started[t])
-            pthread_join(threads[t], NULL);
-        else if (t > 0)
-            scan_pages(&jobs[t]);
-        total += jobs[t].n;
-        failed |= jobs[t].failed;
-    }
-    struct found_head *heads = failed || total > UINT32_MAX ? NULL
-                               : malloc((total ? total : 1) * sizeof *heads);
-    *count = 0;
-    *max_seq = 0;
-    for (t = 0; t < nthreads; t++) {
-        if (heads && jobs[t].n)
-            memcpy(heads + *count, jobs[t].heads, jobs[t].n * sizeof *heads);
-        *count += jobs[t].n;
-        *max_seq = GK_MAX(*max_seq, jobs[t].max_seq);
-        s->st.restore_dropped += jobs[t].dropped;
-        free(jobs[t].heads);
-    }
-    return heads;
-}
-
-/* Rebuilds index, allocator and LRU from the pool file's heads: objects
- * are created in commit order, so the LRU ends with the oldest writes at
- * its tail (evicted first). */
-static int restore_objects(struct store *s)
-{
-    uint64_t start = gk_now_ns(), max_seq;
-    uint32_t n;
-    struct found_head *heads = find_heads(s, &n, &max_seq);
-    if (!heads || sort_by_seq(&heads, n, max_seq) != 0) {
-        free(heads);
-        return -1;
-    }
-    /* Sized for every object at once: no incremental growth on the way. */
-    index_destroy(&s->objects);
-    if (index_init(&s->objects, n) != 0) {
-        free(heads);
-        return -1;
-    }
-    struct store_ns *ns = NULL;
-    for (uint32_t i = 0; i < n; i++) {
-        struct persist_head h;
-        persist_head_at(s->pool.base, heads[i].off, &h);
-        if (restore_one(s, heads[i].off, &h, &ns) == 0)
-            s->st.restored_objects++;
-        else
-            s->st.restore_dropped++;
-    }
-    alloc_restore_done(&s->alloc);
-    s->commit_seq = max_seq;
-    free(heads);
-    GK_INFO("pool: re-attached %llu objects (%llu MiB) in %llu ms; %llu heads dropped "
-            "(writes cut short)", (unsigned long long)s->st.restored_objects,
-            (unsigned long long)(s->st.object_bytes >> 20),
-            (unsigned long long)((gk_now_ns() - start) / 1000000),
-            (unsigned long long)s->st.restore_dropped);
-    return 0;
-}
-
-/* Formats a fresh pool file, or checks an existing one and re-attaches its
- * objects. From here on the store writes headers. */
-static int attach_pool_file(struct store *s, const char *path, char *err, size_t errlen)
-{
-    uint64_t capacity = alloc_capacity(&s->alloc);
-    uint8_t *meta = s->pool.base + persist_meta_off(capacity);
-    char why[200];
-
-    if (!s->pool.fresh && persist_check(meta, capacity, &s->alloc, why, sizeof why) != 0) {
-        snprintf(err, errlen, "the pool file %s: %s: start with the memory it was made with, "
-                 "or reset it", path, why);
-        return -1;
-    }
-    if (s->pool.fresh)
-        persist_format(meta, capacity, &s->alloc);
-    s->alloc.page_tags = persist_page_table(meta);
-    s->alloc.pool = s->pool.base;
-    s->piece_hdr = PERSIST_PIECE_HDR;
-    s->st.pool_file = 1;
-    if (!s->pool.fresh && restore_objects(s) != 0) {
-        snprintf(err, errlen, "out of memory re-attaching the objects of the pool file %s", path);
-        return -1;
     }
     return 0;
 }
@@ -765,7 +444,7 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
         .writable_share = opts->writable_share,
     };
     if (pool_open(&s->pool, &po, err, errlen) != 0 ||
-        (opts->pool_file && attach_pool_file(s, opts->pool_file, err, errlen) != 0)) {
+        (opts->pool_file && store_attach_pool_file(s, opts->pool_file, err, errlen) != 0)) {
         store_close(s);
         return GDRKV_E_INTERNAL;
     }
@@ -843,7 +522,7 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
                      uint64_t *sizes)
 {
     pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
         status[i] = find_committed(s, space, &e[i], &o);
@@ -875,12 +554,12 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
                         uint32_t n, int32_t *status, uint64_t *sizes)
 {
     pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
         status[i] = find_committed(s, space, &e[i], &o);
         sizes[i] = o ? o->size : 0;
-        if (status[i] == GDRKV_E_NOT_FOUND && s->disk && ns_name_ok(ns) &&
+        if (status[i] == GDRKV_E_NOT_FOUND && s->disk && store_ns_name_ok(ns) &&
             disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
             status[i] = 0;
     }
@@ -911,14 +590,14 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
 
     uint32_t head_len, nchunks;
 
-    if (!key_ok(e))
+    if (!store_key_ok(e))
         return GDRKV_E_INVALID;
     if (e->size > GK_MAX_OBJECT)
         return GDRKV_E_TOO_LARGE;
-    nchunks = obj_cut(s, ns->len, e, &head_len);
+    nchunks = store_obj_cut(s, ns->len, e, &head_len);
     if (alloc_footprint(&s->alloc, e->size, head_len, s->piece_hdr) > alloc_capacity(&s->alloc))
         return GDRKV_E_TOO_LARGE;
-    if (!*space && !(*space = ns_create(s, ns)))
+    if (!*space && !(*space = store_ns_create(s, ns)))
         return GDRKV_E_INTERNAL;
     if ((found = obj_find(s, *space, e))) {
         /* Another writer's reservation is not a stored object yet: that
@@ -929,9 +608,9 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         return STORE_PRESENT;
     }
 
-    struct store_obj *o = obj_new(s, *space, e, nchunks, head_len);
+    struct store_obj *o = store_obj_new(s, *space, e, nchunks, head_len);
     if (!o) {
-        if (ns_drop_if_empty(s, *space))
+        if (store_ns_drop_if_empty(s, *space))
             *space = NULL;
         return GDRKV_E_INTERNAL;
     }
@@ -942,7 +621,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
     s->st.reserved_objects++;
     if (fill_chunks(s, o, scan_left, clean_only) != 0) {
         obj_unlink(s, o);
-        if (ns_drop_if_empty(s, *space))
+        if (store_ns_drop_if_empty(s, *space))
             *space = NULL;
         s->st.put_no_space++;
         return GDRKV_E_NO_SPACE;
@@ -956,8 +635,8 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
 {
     uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
     pthread_mutex_lock(&s->lock);
-    int name_ok = ns_name_ok(ns);
-    struct store_ns *space = name_ok ? ns_find(s, ns) : NULL;
+    int name_ok = store_ns_name_ok(ns);
+    struct store_ns *space = name_ok ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
         status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i, &scan_left, 0)
@@ -980,7 +659,7 @@ void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
             continue;
         obj_commit(s, objs[i]);
         if (s->piece_hdr)
-            persist_commit(s->pool.base, obj_head_off(objs[i]), ++s->commit_seq);
+            persist_commit(s->pool.base, store_obj_head_off(objs[i]), ++s->commit_seq);
         s->st.puts++;
     }
     pthread_mutex_unlock(&s->lock);
@@ -1002,7 +681,7 @@ void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk
                         uint32_t n, int32_t *status)
 {
     pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
         status[i] = find_committed(s, space, &e[i], &o);
@@ -1012,7 +691,7 @@ void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk
         }
     }
     if (space)
-        ns_drop_if_empty(s, space);
+        store_ns_drop_if_empty(s, space);
     pthread_mutex_unlock(&s->lock);
     delete_from_disk(s, ns, e, n, status);
 }
@@ -1021,7 +700,7 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
 {
     uint64_t cleared = 0;
     pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_name_ok(ns) ? ns_find(s, ns) : NULL;
+    struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     if (space) {
         struct dlink *l = space->objs.next;
         while (l != &space->objs) {
@@ -1034,10 +713,10 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
             }
         }
         s->st.deletes += cleared;
-        ns_drop_if_empty(s, space);
+        store_ns_drop_if_empty(s, space);
     }
     pthread_mutex_unlock(&s->lock);
-    if (s->disk && ns_name_ok(ns)) {
+    if (s->disk && store_ns_name_ok(ns)) {
         uint64_t on_disk = disk_clear_ns(s->disk, ns_bytes(ns), ns->len);
         pthread_mutex_lock(&s->lock);
         s->st.deletes += on_disk;
@@ -1274,10 +953,10 @@ int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_e
 {
     int any = 0;
     uint64_t size;
-    if (!s->disk || !ns_name_ok(ns))
+    if (!s->disk || !store_ns_name_ok(ns))
         return 0;
     pthread_mutex_lock(&s->lock);
-    struct store_ns *space = ns_find(s, ns);
+    struct store_ns *space = store_ns_find(s, ns);
     for (uint32_t i = 0; i < n && !any; i++) {
         struct store_obj *o;
         any = find_committed(s, space, &e[i], &o) == GDRKV_E_NOT_FOUND &&
@@ -1303,7 +982,7 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
      * but a fresh reservation (the key is back, no room): nothing to do. */
     for (int waited = 0;; waited++) {
         pthread_mutex_lock(&s->lock);
-        struct store_ns *space = ns_find(s, ns);
+        struct store_ns *space = store_ns_find(s, ns);
         st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left, 1);
         pthread_mutex_unlock(&s->lock);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
@@ -1330,7 +1009,7 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
         obj_commit(s, o);
         o->on_disk = 1;
         if (s->piece_hdr)
-            persist_commit(s->pool.base, obj_head_off(o), ++s->commit_seq);
+            persist_commit(s->pool.base, store_obj_head_off(o), ++s->commit_seq);
         s->st.promotions++;
         s->st.promoted_bytes += o->size;
     } else {
@@ -1345,10 +1024,10 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
                              uint32_t n)
 {
     uint32_t promoted = 0;
-    if (!s->disk || !ns_name_ok(ns))
+    if (!s->disk || !store_ns_name_ok(ns))
         return 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (key_ok(&e[i]))
+        if (store_key_ok(&e[i]))
             promoted += (uint32_t)promote_one(s, ns, &e[i]);
     }
     return promoted;
@@ -1360,8 +1039,8 @@ static void delete_from_disk(struct store *s, const struct gk_ns *ns, const stru
                              uint32_t n, int32_t *status)
 {
     uint64_t deleted = 0;
-    for (uint32_t i = 0; s->disk && ns_name_ok(ns) && i < n; i++) {
-        if (key_ok(&e[i]) &&
+    for (uint32_t i = 0; s->disk && store_ns_name_ok(ns) && i < n; i++) {
+        if (store_key_ok(&e[i]) &&
             disk_delete(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len) == 0 &&
             status[i] != 0) {
             status[i] = 0;

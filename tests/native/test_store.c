@@ -1133,6 +1133,103 @@ static void poke_file(int64_t off, uint8_t byte)
     close(fd);
 }
 
+/* Counts a namespace's objects into counts[name[0] - 'a']. */
+static void count_ns(void *arg, const uint8_t *name, uint32_t len, uint64_t objects,
+                     uint64_t bytes)
+{
+    (void)bytes;
+    if (len == 1 && name[0] >= 'a' && name[0] <= 'c')
+        ((uint64_t *)arg)[name[0] - 'a'] = objects;
+}
+
+static const char *run_ns(int i) { return (const char *[]){"a", "b", "c"}[i / 1000 % 3]; }
+
+static const char *key6(char *buf, size_t cap, int i)
+{
+    snprintf(buf, cap, "k%06d", i);
+    return buf;
+}
+
+/* Enough objects that the rebuild runs on a thread per core (two here):
+ * every object back byte for byte in its namespace, namespace counts
+ * right, a forged second head of one key loses to the first one
+ * committed wherever the two land, and eviction afterwards takes the
+ * oldest writes first, across the threads' runs. */
+static void test_pool_file_restart_in_parallel(void)
+{
+    enum { N = 40000, FORGED = 39000, VICTIM = 5 };
+    char key[32], victim[32];
+    struct store_obj *o;
+
+    unlink(pool_path());
+    struct store *s = open_file_wm(16 * MiB, 1, 0.9);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(put(s, run_ns(i), key6(key, sizeof key, i), 64, (uint64_t)i), 0);
+    store_close(s);
+
+    /* FORGED's head rewritten to name VICTIM's key, still committed. */
+    int64_t at = find_in_file(key6(key, sizeof key, FORGED));
+    CHECK(at > 0, "key not in the file");
+    uint64_t head = (uint64_t)at - 48 - 1;  /* single piece, namespace of one byte */
+    int fd = open(pool_path(), O_RDWR);
+    uint64_t len = file_size(pool_path());
+    uint8_t *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(fd >= 0 && map != MAP_FAILED, "map the pool file");
+    struct persist_head h;
+    CHECK(persist_read_head(map, head, 4096, &h), "no head at %llu", (unsigned long long)head);
+    CHECK(!strcmp(run_ns(FORGED), run_ns(VICTIM)), "the forged key's namespace");
+    h.key = (const uint8_t *)key6(victim, sizeof victim, VICTIM);
+    uint64_t seq = h.seq;
+    persist_write_head(map, head, &h);
+    persist_commit(map, head, seq);
+    munmap(map, len);
+    close(fd);
+
+    s = open_file_wm(16 * MiB, 1, 0.9);
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.restored_objects, N - 1);
+    CHECK_EQ(st.restore_dropped, 1);
+    CHECK_EQ(st.objects, N - 1);
+    CHECK_EQ(st.object_bytes, (N - 1) * 64ull);
+    CHECK_EQ(st.namespaces, 3);
+    uint64_t counts[3] = {0};
+    CHECK_EQ(store_each_namespace(s, 10, count_ns, counts), 3);
+    uint64_t want[3] = {0};
+    for (int i = 0; i < N; i++)
+        want[run_ns(i)[0] - 'a'] += i != FORGED;
+    for (int k = 0; k < 3; k++)
+        CHECK_EQ(counts[k], want[k]);
+    for (int i = 0; i < N; i++) {
+        int32_t rc = pin1(s, run_ns(i), key6(key, sizeof key, i), 0, &o);
+        if (i == FORGED) {
+            CHECK_EQ(rc, GDRKV_E_NOT_FOUND);
+            continue;
+        }
+        CHECK_EQ(rc, 0);
+        check_bytes(s, o, (uint64_t)i);
+        unpin1(s, o);
+    }
+
+    /* Pages a page each: the free ones, then the oldest small objects'. */
+    uint64_t free_pages = (16 * MiB - st.pool_used_bytes) / MiB;
+    for (uint64_t k = 0; k < free_pages + 2; k++)
+        CHECK_EQ(put(s, "big", key_n(key, sizeof key, (int)k), MiB - 4096, 1000 + k), 0);
+    int first_kept = -1, evicted = 0;
+    for (int i = 0; i < N; i++) {
+        if (i == FORGED)
+            continue;
+        int here = present(s, run_ns(i), key6(key, sizeof key, i));
+        if (here && first_kept < 0)
+            first_kept = i;
+        CHECK(here || first_kept < 0, "key %d evicted after the newer key %d was kept", i,
+              first_kept);
+        evicted += !here;
+    }
+    CHECK(evicted > 0 && first_kept > 0, "nothing evicted (%d)", evicted);
+    store_close(s);
+    unlink(pool_path());
+}
+
 /* A head whose bytes changed (a torn write) is dropped, never served; the
  * other objects are unharmed. */
 static void test_pool_file_drops_a_torn_head(void)
@@ -1448,6 +1545,7 @@ int main(void)
     RUN(test_random_churn_over_a_pool_file);
     RUN(test_pool_file_restart);
     RUN(test_pool_file_keeps_commit_order);
+    RUN(test_pool_file_restart_in_parallel);
     RUN(test_pool_file_drops_a_torn_head);
     RUN(test_pool_file_refusals);
     RUN(test_threads);
