@@ -200,6 +200,33 @@ def test_a_slow_disk_does_not_hold_up_reads_from_memory(server_factory, make_cli
     assert done["cold"] == [True]
 
 
+def test_a_slow_disk_does_not_hold_up_deletes(server_factory, make_client, tmp_path,
+                                              disk_faults):
+    """A DELETE of keys on disk answers at once: they leave the disk's index
+    on the network worker, and the demoter marks them dead in their files
+    behind it (a read and a write each, one second per read here). A
+    SIGTERM waits for the marks, so the next server still finds them gone."""
+    disk_faults("slow-reads", on=False, ms=1000)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir, "--workers", "1")
+    ns = unique("ns")
+    client = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
+    keys = keys_of("doomed", 96)
+    write_paced(server, client, keys)
+    disk_faults("slow-reads", on=True, ms=1000)
+    start_s = time.monotonic()
+    assert client.batch_delete(keys[:2]) == [0, 0]      # the first keys: on disk only
+    assert read_back(client, keys[-4:]) == [True] * 4    # the newest: in memory
+    assert time.monotonic() - start_s < 0.5
+    assert client.batch_exists(keys[:3]) == [False, False, True]
+    assert server.stop() == 0
+    disk_faults("slow-reads", on=False)
+    server.restart()
+    client = make_client(server.url, namespace=ns, transport="tcp")
+    assert client.batch_exists(keys[:3]) == [False, False, True]
+
+
 def test_two_readers_of_one_key_on_disk_both_get_it(server_factory, make_client, tmp_path,
                                                     disk_faults):
     """Two readers (two TP ranks of an MLA model reading one page) ask for

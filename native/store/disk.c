@@ -70,6 +70,13 @@ struct disk_file {
     pthread_mutex_t rmw_lock;
 };
 
+/* Records to mark dead in their files; their regions are held so that
+ * nothing is written over them first. */
+struct dead_list {
+    struct disk_loc *locs;
+    uint32_t n, cap;
+};
+
 struct disk_tier {
     pthread_mutex_t lock;
     pthread_mutex_t write_lock;
@@ -82,6 +89,7 @@ struct disk_tier {
     uint64_t ns_seed;
     uint8_t *write_buf;             /* DISK_REGION_BYTES, aligned: the writer's */
     struct store_disk_stats stats;
+    struct dead_list dead;          /* deleted, not yet marked in their files (disk_bury) */
 };
 
 static uint64_t region_off(uint64_t region) { return DISK_SUPER_BYTES + region * DISK_REGION_BYTES; }
@@ -509,14 +517,9 @@ static int mark_dead(struct disk_tier *d, struct disk_file *f, uint64_t off)
     return rc;
 }
 
-/* Records to mark dead once the lock is let go; their regions are held. */
-struct dead_list {
-    struct disk_loc *locs;
-    uint32_t n, cap;
-};
-
-static int hold_for_death(struct disk_tier *d, struct dead_list *l, struct disk_entry *e)
+static int hold_for_death(struct disk_tier *d, struct disk_entry *e)
 {
+    struct dead_list *l = &d->dead;
     if (gk_grow(&l->locs, &l->cap, l->n + 1, sizeof *l->locs, 16) != 0)
         return -1;
     d->files[e->file].regions[e->region].readers++;
@@ -525,32 +528,34 @@ static int hold_for_death(struct disk_tier *d, struct dead_list *l, struct disk_
     return 0;
 }
 
-static void bury(struct disk_tier *d, struct dead_list *l)
+uint32_t disk_bury(struct disk_tier *d)
 {
-    for (uint32_t i = 0; i < l->n; i++) {
-        mark_dead(d, &d->files[l->locs[i].file], l->locs[i].off);
-        disk_release(d, &l->locs[i]);
+    pthread_mutex_lock(&d->lock);
+    struct dead_list l = d->dead;
+    d->dead = (struct dead_list){0};
+    pthread_mutex_unlock(&d->lock);
+    for (uint32_t i = 0; i < l.n; i++) {
+        mark_dead(d, &d->files[l.locs[i].file], l.locs[i].off);
+        disk_release(d, &l.locs[i]);
     }
-    free(l->locs);
+    free(l.locs);
+    return l.n;
 }
 
 int disk_delete(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len, const uint8_t *key,
                 uint32_t key_len)
 {
-    struct dead_list l = {0};
     pthread_mutex_lock(&d->lock);
     struct disk_entry *e = find(d, ns, ns_len, key, key_len);
     int rc = e ? 0 : GDRKV_E_NOT_FOUND;
-    if (e && hold_for_death(d, &l, e) != 0)
+    if (e && hold_for_death(d, e) != 0)
         drop_entry(d, e);   /* out of memory: gone now, maybe back after a restart */
     pthread_mutex_unlock(&d->lock);
-    bury(d, &l);
     return rc;
 }
 
 uint64_t disk_clear_ns(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len)
 {
-    struct dead_list l = {0};
     uint64_t removed = 0;
     pthread_mutex_lock(&d->lock);
     for (uint32_t fi = 0; fi < d->nfiles; fi++) {
@@ -562,13 +567,12 @@ uint64_t disk_clear_ns(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len)
                 if (e->ns_len != ns_len || memcmp(e->bytes, ns, ns_len) != 0)
                     continue;
                 removed++;
-                if (hold_for_death(d, &l, e) != 0)
+                if (hold_for_death(d, e) != 0)
                     drop_entry(d, e);
             }
         }
     }
     pthread_mutex_unlock(&d->lock);
-    bury(d, &l);
     return removed;
 }
 
@@ -798,6 +802,7 @@ void disk_close(struct disk_tier *d)
 {
     if (!d)
         return;
+    disk_bury(d);
     for (uint32_t i = 0; i < d->nfiles; i++) {
         struct disk_file *f = &d->files[i];
         for (uint64_t r = 0; f->regions && r < f->nregions; r++) {

@@ -93,12 +93,15 @@ int disk_read(struct disk_tier *d, const struct disk_loc *loc, const uint8_t *ns
               uint32_t dstcnt);
 void disk_release(struct disk_tier *d, const struct disk_loc *loc);
 
-/* DELETE and CLEAR: the records leave the index and are marked dead in
- * their files, so a restart does not bring them back. 0 or
- * GDRKV_E_NOT_FOUND; the clear returns how many it removed. */
+/* DELETE and CLEAR: the records leave the index at once (no I/O: the
+ * callers are network workers), and disk_bury marks them dead in their
+ * files, so a restart does not bring them back; disk_close buries what is
+ * left. 0 or GDRKV_E_NOT_FOUND; the clear returns how many it removed,
+ * disk_bury how many it marked. */
 int disk_delete(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len, const uint8_t *key,
                 uint32_t key_len);
 uint64_t disk_clear_ns(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len);
+uint32_t disk_bury(struct disk_tier *d);
 
 void disk_get_stats(struct disk_tier *d, struct store_disk_stats *out);
 

@@ -720,6 +720,7 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
         uint64_t on_disk = disk_clear_ns(s->disk, ns_bytes(ns), ns->len);
         pthread_mutex_lock(&s->lock);
         s->st.deletes += on_disk;
+        pthread_cond_signal(&s->demote_wake);
         pthread_mutex_unlock(&s->lock);
         cleared += on_disk;
     }
@@ -872,6 +873,10 @@ static void *demoter_main(void *arg)
     struct demotion *b = calloc(1, sizeof *b);
     pthread_mutex_lock(&s->lock);
     while (b && !s->stopping) {
+        /* Deletes first: their records must not outlive a restart. */
+        pthread_mutex_unlock(&s->lock);
+        disk_bury(s->disk);
+        pthread_mutex_lock(&s->lock);
         if (s->alloc.used_bytes > s->high_bytes)
             s->draining = 1;
         if (s->alloc.used_bytes <= s->low_bytes)
@@ -1033,8 +1038,8 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
     return promoted;
 }
 
-/* Deletes keys from disk too (outside the lock: it writes there), for
- * status[i] not yet 0. */
+/* Deletes keys from disk too, for status[i] not yet 0: out of the disk's
+ * index now, marked dead in their files by the demoter (woken here). */
 static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                              uint32_t n, int32_t *status)
 {
@@ -1050,6 +1055,7 @@ static void delete_from_disk(struct store *s, const struct gk_ns *ns, const stru
     if (deleted) {
         pthread_mutex_lock(&s->lock);
         s->st.deletes += deleted;
+        pthread_cond_signal(&s->demote_wake);
         pthread_mutex_unlock(&s->lock);
     }
 }
