@@ -52,9 +52,14 @@ void index_destroy(struct index *ix)
     ix->cur.buckets = ix->old.buckets = NULL;
 }
 
+uint64_t index_key_hash(const struct index *ix, const uint8_t *key, uint32_t key_len)
+{
+    return gk_hash64(key, key_len, ix->seed);
+}
+
 uint64_t index_hash(const struct index *ix, uint64_t ns_id, const uint8_t *key, uint32_t key_len)
 {
-    return gk_hash64(key, key_len, ix->seed ^ gk_mix64(ns_id));
+    return index_hash_in_ns(index_key_hash(ix, key, key_len), ns_id);
 }
 
 static struct index_node **bucket_of(const struct index *ix, uint64_t hash)
@@ -106,6 +111,11 @@ static void maybe_grow(struct index *ix)
     ix->old = ix->cur;
     ix->cur = bigger;
     ix->drained = 0;
+}
+
+void index_prefetch(const struct index *ix, uint64_t hash)
+{
+    __builtin_prefetch(bucket_of(ix, hash));
 }
 
 void index_insert(struct index *ix, struct index_node *n)

@@ -42,6 +42,16 @@ int index_init(struct index *ix, uint64_t min_buckets);
 void index_destroy(struct index *ix);
 
 uint64_t index_hash(const struct index *ix, uint64_t ns_id, const uint8_t *key, uint32_t key_len);
+/* index_hash in two steps, so that the costly one (over the key bytes)
+ * can run before a lock is taken: index_hash == index_hash_in_ns of
+ * index_key_hash. */
+uint64_t index_key_hash(const struct index *ix, const uint8_t *key, uint32_t key_len);
+static inline uint64_t index_hash_in_ns(uint64_t key_hash, uint64_t ns_id)
+{
+    return key_hash ^ (ns_id * 0x9e3779b97f4a7c15ull);
+}
+/* Starts fetching the bucket a lookup of hash will read. */
+void index_prefetch(const struct index *ix, uint64_t hash);
 struct index_node *index_find(const struct index *ix, uint64_t hash, uint64_t ns_id,
                               const uint8_t *key, uint32_t key_len);
 /* n->hash, ns_id, key and key_len must be set and the key absent. */

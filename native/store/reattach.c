@@ -75,7 +75,7 @@ struct scan_job {
     uint32_t first, end;
     struct found_head *heads;
     uint32_t n, cap;
-    uint64_t max_seq, dropped;
+    uint64_t min_seq, max_seq, dropped;
     int failed;                 /* out of memory */
 };
 
@@ -104,75 +104,196 @@ static void *scan_pages(void *arg)
                 break;
             }
             job->heads[job->n++] = (struct found_head){h.seq, off};
+            job->min_seq = GK_MIN(job->min_seq, h.seq);
             job->max_seq = GK_MAX(job->max_seq, h.seq);
         }
     }
     return NULL;
 }
 
-/* The committed heads of the whole pool. NULL when out of memory. */
-static struct found_head *find_heads(struct store *s, uint32_t *count, uint64_t *max_seq)
+/* Scans the whole pool, a job per thread: how many jobs. */
+static uint32_t find_heads(struct store *s, struct scan_job *jobs)
 {
-    struct scan_job jobs[REATTACH_THREADS] = {{0}};
-    uint32_t npages = s->alloc.npages, t;
+    uint32_t npages = s->alloc.npages;
     uint32_t nthreads = threads_for(npages, SCAN_PAGES_PER_THREAD);
-    for (t = 0; t < nthreads; t++)
+    for (uint32_t t = 0; t < nthreads; t++)
         jobs[t] = (struct scan_job){.s = s, .first = (uint32_t)((uint64_t)npages * t / nthreads),
-                                    .end = (uint32_t)((uint64_t)npages * (t + 1) / nthreads)};
+                                    .end = (uint32_t)((uint64_t)npages * (t + 1) / nthreads),
+                                    .min_seq = UINT64_MAX};
     on_threads(scan_pages, jobs, sizeof jobs[0], nthreads);
-    uint64_t total = 0;
-    int failed = 0;
-    for (t = 0; t < nthreads; t++) {
-        total += jobs[t].n;
-        failed |= jobs[t].failed;
-    }
-    struct found_head *heads = failed || total > UINT32_MAX ? NULL
-                               : malloc((total ? total : 1) * sizeof *heads);
-    *count = 0;
-    *max_seq = 0;
-    for (t = 0; t < nthreads; t++) {
-        if (heads && jobs[t].n)
-            memcpy(heads + *count, jobs[t].heads, jobs[t].n * sizeof *heads);
-        *count += jobs[t].n;
-        *max_seq = GK_MAX(*max_seq, jobs[t].max_seq);
-        s->st.restore_dropped += jobs[t].dropped;
-        free(jobs[t].heads);
-    }
-    return heads;
+    return nthreads;
 }
 
 /* ----------------------------------------------------------------- order */
 
-/* Sorts heads by seq, least significant 16 bits first (a qsort of tens of
- * millions of heads would take longer than the rest of the restart). */
-static int sort_by_seq(struct found_head **heads, uint32_t n, uint64_t max_seq)
+/*
+ * The scan jobs' heads, sorted by seq into one array, on a thread per job:
+ * the seqs are cut into as many ranges as there are jobs, holding about as
+ * many heads each (a histogram of SORT_BINS equal bins tells where to
+ * cut); each job moves its heads to their ranges, then each range is
+ * sorted on its own, a byte at a time from the least significant (LSD
+ * radix). Bytes, not 16-bit digits: these scatter each pass over 65536
+ * places, a TLB miss per head (an H100 host sorted 12.9 million heads in
+ * 0.88 s with 16-bit digits, 0.47 s with bytes, on one thread).
+ */
+#define SORT_BINS 4096
+
+struct order {
+    struct scan_job *scans;
+    uint32_t nscans;
+    uint64_t min_seq, max_seq;
+    uint64_t bin_width;
+    uint64_t split[REATTACH_THREADS + 1];  /* range r: seqs [split[r], split[r + 1]) */
+    uint32_t (*counts)[REATTACH_THREADS];   /* [scan][range] */
+    uint32_t *bins;                         /* [scan][SORT_BINS] */
+    uint64_t start[REATTACH_THREADS + 1];   /* where each range begins in out */
+    struct found_head *out, *tmp;
+};
+
+struct order_job {
+    struct order *o;
+    uint32_t id;
+};
+
+static uint32_t bin_of(const struct order *o, uint64_t seq)
 {
-    struct found_head *tmp = malloc((n ? n : 1) * sizeof *tmp), *src = *heads, *dst = tmp;
-    uint32_t *count = malloc((1u << 16) * sizeof *count);
-    if (!tmp || !count) {
-        free(tmp);
-        free(count);
-        return -1;
+    return (uint32_t)GK_MIN((seq - o->min_seq) / o->bin_width, SORT_BINS - 1);
+}
+
+static uint32_t range_of(const struct order *o, uint64_t seq)
+{
+    uint32_t r = 0;
+    while (r + 1 < o->nscans && seq >= o->split[r + 1])
+        r++;
+    return r;
+}
+
+static void *bin_heads(void *arg)
+{
+    struct order_job *j = arg;
+    const struct scan_job *scan = &j->o->scans[j->id];
+    uint32_t *bins = j->o->bins + (size_t)j->id * SORT_BINS;
+    for (uint32_t i = 0; i < scan->n; i++)
+        bins[bin_of(j->o, scan->heads[i].seq)]++;
+    return NULL;
+}
+
+static void *count_heads(void *arg)
+{
+    struct order_job *j = arg;
+    const struct scan_job *scan = &j->o->scans[j->id];
+    for (uint32_t i = 0; i < scan->n; i++)
+        j->o->counts[j->id][range_of(j->o, scan->heads[i].seq)]++;
+    return NULL;
+}
+
+static void *move_heads(void *arg)
+{
+    struct order_job *j = arg;
+    struct order *o = j->o;
+    const struct scan_job *scan = &o->scans[j->id];
+    uint64_t at[REATTACH_THREADS];
+    for (uint32_t r = 0; r < o->nscans; r++) {
+        at[r] = o->start[r];
+        for (uint32_t k = 0; k < j->id; k++)
+            at[r] += o->counts[k][r];
     }
-    for (unsigned shift = 0; shift < 64 && (max_seq >> shift); shift += 16) {
-        memset(count, 0, (1u << 16) * sizeof *count);
-        for (uint32_t i = 0; i < n; i++)
-            count[(src[i].seq >> shift) & 0xffff]++;
-        for (uint32_t d = 0, total = 0; d < (1u << 16); d++) {
-            uint32_t c = count[d];
+    for (uint32_t i = 0; i < scan->n; i++)
+        o->out[at[range_of(o, scan->heads[i].seq)]++] = scan->heads[i];
+    return NULL;
+}
+
+static void *sort_range(void *arg)
+{
+    struct order_job *j = arg;
+    struct order *o = j->o;
+    uint64_t first = o->start[j->id], n = o->start[j->id + 1] - first;
+    uint64_t base = o->split[j->id], top = o->split[j->id + 1] - base - 1;   /* largest key */
+    struct found_head *src = o->out + first, *dst = o->tmp + first;
+    for (unsigned shift = 0; shift < 64 && (top >> shift); shift += 8) {
+        uint64_t count[256] = {0};
+        for (uint64_t i = 0; i < n; i++)
+            count[((src[i].seq - base) >> shift) & 0xff]++;
+        for (uint64_t d = 0, total = 0; d < 256; d++) {
+            uint64_t c = count[d];
             count[d] = total;
             total += c;
         }
-        for (uint32_t i = 0; i < n; i++)
-            dst[count[(src[i].seq >> shift) & 0xffff]++] = src[i];
+        for (uint64_t i = 0; i < n; i++)
+            dst[count[((src[i].seq - base) >> shift) & 0xff]++] = src[i];
         struct found_head *t = src;
         src = dst;
         dst = t;
     }
-    *heads = src;
-    free(dst);
-    free(count);
-    return 0;
+    if (src != o->out + first)
+        memcpy(o->out + first, src, n * sizeof *src);
+    return NULL;
+}
+
+/* Where to cut the seqs: at bin edges, about n / nscans heads apart. */
+static void cut_ranges(struct order *o, uint64_t n)
+{
+    uint64_t seen = 0, end = o->max_seq + 1;
+    uint32_t r = 1;
+    o->split[0] = o->min_seq;
+    for (uint32_t b = 0; b < SORT_BINS && r < o->nscans; b++) {
+        for (uint32_t k = 0; k < o->nscans; k++)
+            seen += o->bins[(size_t)k * SORT_BINS + b];
+        uint64_t edge = GK_MIN(o->min_seq + (uint64_t)(b + 1) * o->bin_width, end);
+        while (r < o->nscans && seen >= n * r / o->nscans)
+            o->split[r++] = edge;
+    }
+    while (r <= o->nscans)
+        o->split[r++] = end;
+}
+
+/* The heads of the scan jobs sorted by seq (their lists freed): NULL when
+ * out of memory. */
+static struct found_head *order_heads(struct store *s, struct scan_job *scans, uint32_t nscans,
+                                      uint32_t *count, uint64_t *max_seq)
+{
+    struct order o = {.scans = scans, .nscans = nscans, .min_seq = UINT64_MAX};
+    struct order_job jobs[REATTACH_THREADS];
+    uint64_t n = 0;
+    int failed = 0;
+    for (uint32_t t = 0; t < nscans; t++) {
+        n += scans[t].n;
+        failed |= scans[t].failed;
+        o.min_seq = GK_MIN(o.min_seq, scans[t].min_seq);
+        o.max_seq = GK_MAX(o.max_seq, scans[t].max_seq);
+        s->st.restore_dropped += scans[t].dropped;
+        jobs[t] = (struct order_job){&o, t};
+    }
+    if (n == 0)
+        o.min_seq = 0;
+    o.bin_width = (o.max_seq - o.min_seq) / SORT_BINS + 1;
+    o.out = failed || n > UINT32_MAX ? NULL : malloc((n ? n : 1) * sizeof *o.out);
+    o.tmp = o.out ? malloc((n ? n : 1) * sizeof *o.tmp) : NULL;
+    o.bins = o.tmp ? calloc((size_t)nscans * SORT_BINS, sizeof *o.bins) : NULL;
+    o.counts = o.bins ? calloc(nscans, sizeof *o.counts) : NULL;
+    if (o.counts) {
+        on_threads(bin_heads, jobs, sizeof jobs[0], nscans);
+        cut_ranges(&o, n);
+        on_threads(count_heads, jobs, sizeof jobs[0], nscans);
+        for (uint32_t r = 0; r < nscans; r++) {
+            o.start[r + 1] = o.start[r];
+            for (uint32_t k = 0; k < nscans; k++)
+                o.start[r + 1] += o.counts[k][r];
+        }
+        on_threads(move_heads, jobs, sizeof jobs[0], nscans);
+        on_threads(sort_range, jobs, sizeof jobs[0], nscans);
+    } else {
+        free(o.out);
+        o.out = NULL;
+    }
+    for (uint32_t t = 0; t < nscans; t++)
+        free(scans[t].heads);
+    free(o.tmp);
+    free(o.bins);
+    free(o.counts);
+    *count = (uint32_t)n;
+    *max_seq = o.max_seq;
+    return o.out;
 }
 
 /* --------------------------------------------------------------- rebuild */
@@ -270,7 +391,10 @@ static struct store_obj *make_object(struct rebuild_job *j, uint64_t off)
         store_obj_cut(s, h.ns_len, &e, &head_len) != h.npieces || head_len != h.head_len)
         return NULL;
     struct store_ns *ns = namespace_of(j, &name);
-    struct store_obj *o = ns ? store_obj_new(s, ns, &e, h.npieces, head_len) : NULL;
+    struct store_obj *o =
+        ns ? store_obj_new(s, ns, &e, h.npieces, head_len,
+                           index_key_hash(&s->objects, e.key, e.key_len), NULL)
+           : NULL;
     int ok = o != NULL;
     for (uint32_t i = 0; ok && i < h.npieces; i++) {
         uint64_t raw = i ? gk_load64(h.piece_offs + 8ull * (i - 1)) : off;
@@ -457,11 +581,13 @@ static int restore_objects(struct store *s)
 {
     uint64_t start = gk_now_ns(), max_seq;
     uint32_t n;
-    struct found_head *heads = find_heads(s, &n, &max_seq);
-    if (!heads || sort_by_seq(&heads, n, max_seq) != 0) {
-        free(heads);
+    struct scan_job scans[REATTACH_THREADS] = {{0}};
+    uint32_t nscans = find_heads(s, scans);
+    uint64_t found = gk_now_ns();
+    struct found_head *heads = order_heads(s, scans, nscans, &n, &max_seq);
+    if (!heads)
         return -1;
-    }
+    uint64_t sorted = gk_now_ns();
     /* Sized for every object at once: no growth on the way. */
     index_destroy(&s->objects);
     if (index_init(&s->objects, n) != 0) {
@@ -475,10 +601,15 @@ static int restore_objects(struct store *s)
         return -1;
     alloc_restore_done(&s->alloc);
     s->commit_seq = max_seq;
-    GK_INFO("pool: re-attached %llu objects (%llu MiB) in %llu ms; %llu heads dropped "
-            "(writes cut short)", (unsigned long long)s->st.restored_objects,
+    uint64_t end = gk_now_ns();
+    GK_INFO("pool: re-attached %llu objects (%llu MiB) in %llu ms (find %llu, order %llu, "
+            "rebuild %llu); %llu heads dropped (writes cut short)",
+            (unsigned long long)s->st.restored_objects,
             (unsigned long long)(s->st.object_bytes >> 20),
-            (unsigned long long)((gk_now_ns() - start) / 1000000),
+            (unsigned long long)((end - start) / 1000000),
+            (unsigned long long)((found - start) / 1000000),
+            (unsigned long long)((sorted - found) / 1000000),
+            (unsigned long long)((end - sorted) / 1000000),
             (unsigned long long)s->st.restore_dropped);
     return 0;
 }

@@ -148,10 +148,16 @@ uint32_t store_chunk_hdr(const struct store *s, const struct store_obj *o, uint3
     return i == 0 ? o->head_len : s->piece_hdr;
 }
 
-struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
-                                uint32_t nchunks, uint32_t head_len)
+static size_t obj_bytes(uint32_t nchunks, uint32_t key_len)
 {
-    struct store_obj *o = malloc(sizeof *o + nchunks * sizeof o->chunks[0] + e->key_len);
+    return sizeof(struct store_obj) + nchunks * sizeof(struct store_chunk) + key_len;
+}
+
+struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
+                                uint32_t nchunks, uint32_t head_len, uint64_t key_hash,
+                                struct store_obj *mem)
+{
+    struct store_obj *o = mem ? mem : malloc(obj_bytes(nchunks, e->key_len));
     if (!o)
         return NULL;
     uint8_t *key = (uint8_t *)(o->chunks + nchunks);
@@ -159,7 +165,7 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
     o->node.key = key;
     o->node.key_len = e->key_len;
     o->node.ns_id = ns->id;
-    o->node.hash = index_hash(&s->objects, ns->id, key, e->key_len);
+    o->node.hash = index_hash_in_ns(key_hash, ns->id);
     dlink_init(&o->lru);
     dlink_init(&o->ns_link);
     o->ns = ns;
@@ -201,6 +207,44 @@ static int32_t find_committed(struct store *s, const struct store_ns *ns,
     if (!store_key_ok(e))
         return GDRKV_E_INVALID;
     struct store_obj *o = ns ? obj_find(s, ns, e) : NULL;
+    if (!o || o->state != OBJ_COMMITTED)
+        return GDRKV_E_NOT_FOUND;
+    *out = o;
+    return 0;
+}
+
+/* A batch of reads' keys hashed before the lock is taken (the namespace's
+ * part, known only under it, is mixed in there), so that the lock covers
+ * the lookups alone and each bucket is fetched a few keys ahead of its
+ * lookup: with millions of objects, every lookup is a cache miss. */
+#define LOOKUP_AHEAD 8
+struct lookups {
+    uint64_t key_hash[GK_MAX_KEYS];
+};
+
+static void hash_keys(struct store *s, struct lookups *l, const struct gk_entry *e, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        l->key_hash[i] = store_key_ok(&e[i]) ? index_key_hash(&s->objects, e[i].key,
+                                                              e[i].key_len) : 0;
+}
+
+/* find_committed of key i of the batch, fetching key i + LOOKUP_AHEAD's
+ * bucket meanwhile. */
+static int32_t find_hashed(struct store *s, const struct store_ns *ns, const struct lookups *l,
+                           const struct gk_entry *e, uint32_t i, uint32_t n,
+                           struct store_obj **out)
+{
+    *out = NULL;
+    if (!store_key_ok(&e[i]))
+        return GDRKV_E_INVALID;
+    if (!ns)
+        return GDRKV_E_NOT_FOUND;
+    if (i + LOOKUP_AHEAD < n)
+        index_prefetch(&s->objects, index_hash_in_ns(l->key_hash[i + LOOKUP_AHEAD], ns->id));
+    struct index_node *node = index_find(&s->objects, index_hash_in_ns(l->key_hash[i], ns->id),
+                                         ns->id, e[i].key, e[i].key_len);
+    struct store_obj *o = node ? CONTAINER_OF(node, struct store_obj, node) : NULL;
     if (!o || o->state != OBJ_COMMITTED)
         return GDRKV_E_NOT_FOUND;
     *out = o;
@@ -521,11 +565,13 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
                      uint32_t n, int touch, struct store_obj **objs, int32_t *status,
                      uint64_t *sizes)
 {
+    struct lookups l;
+    hash_keys(s, &l, e, n);
     pthread_mutex_lock(&s->lock);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
-        status[i] = find_committed(s, space, &e[i], &o);
+        status[i] = find_hashed(s, space, &l, e, i, n, &o);
         objs[i] = o;
         sizes[i] = o ? o->size : 0;
         if (!o) {
@@ -553,11 +599,13 @@ void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)
 void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                         uint32_t n, int32_t *status, uint64_t *sizes)
 {
+    struct lookups l;
+    hash_keys(s, &l, e, n);
     pthread_mutex_lock(&s->lock);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
-        status[i] = find_committed(s, space, &e[i], &o);
+        status[i] = find_hashed(s, space, &l, e, i, n, &o);
         sizes[i] = o ? o->size : 0;
         if (status[i] == GDRKV_E_NOT_FOUND && s->disk && store_ns_name_ok(ns) &&
             disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
@@ -581,12 +629,15 @@ static int reserved_by(struct store_obj *const *objs, uint32_t n, const struct s
 }
 
 /* Reserves entry i of a batch into objs[i], evicting within *scan_left
- * (only objects on disk with clean_only: evict_lru). */
+ * (only objects on disk with clean_only: evict_lru). key_hash is
+ * index_key_hash of e's key; *mem, when not NULL, is memory for the object
+ * (obj_bytes), allocated before the lock was taken: NULL once it is used. */
 static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
-                           const struct gk_entry *e, struct store_obj **objs, uint32_t i,
-                           uint32_t *scan_left, int clean_only)
+                           const struct gk_entry *e, uint64_t key_hash, struct store_obj **mem,
+                           struct store_obj **objs, uint32_t i, uint32_t *scan_left,
+                           int clean_only)
 {
-    struct store_obj *found;
+    struct store_obj *found = NULL;
 
     uint32_t head_len, nchunks;
 
@@ -599,7 +650,9 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         return GDRKV_E_TOO_LARGE;
     if (!*space && !(*space = store_ns_create(s, ns)))
         return GDRKV_E_INTERNAL;
-    if ((found = obj_find(s, *space, e))) {
+    struct index_node *node = index_find(&s->objects, index_hash_in_ns(key_hash, (*space)->id),
+                                         (*space)->id, e->key, e->key_len);
+    if (node && (found = CONTAINER_OF(node, struct store_obj, node))) {
         /* Another writer's reservation is not a stored object yet: that
          * writer may still abort, so only its own batch may count it. */
         if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
@@ -608,7 +661,8 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         return STORE_PRESENT;
     }
 
-    struct store_obj *o = store_obj_new(s, *space, e, nchunks, head_len);
+    struct store_obj *o = store_obj_new(s, *space, e, nchunks, head_len, key_hash, *mem);
+    *mem = NULL;
     if (!o) {
         if (store_ns_drop_if_empty(s, *space))
             *space = NULL;
@@ -630,19 +684,48 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
     return 0;
 }
 
+/* What a batch of reservations can do before the lock is taken: hash the
+ * keys and allocate the objects' memory (what a key already stored leaves
+ * unused is freed after), so that the lock covers the index and the
+ * allocator alone. */
+struct reserve_prep {
+    uint64_t key_hash[GK_MAX_KEYS];
+    struct store_obj *mem[GK_MAX_KEYS];
+};
+
+static void prepare_reserve(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                            uint32_t n, struct reserve_prep *p)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t head_len;
+        int ok = store_key_ok(&e[i]) && e[i].size <= GK_MAX_OBJECT;
+        p->key_hash[i] = ok ? index_key_hash(&s->objects, e[i].key, e[i].key_len) : 0;
+        /* NULL (out of memory) is allocated again under the lock */
+        p->mem[i] = ok ? malloc(obj_bytes(store_obj_cut(s, ns->len, &e[i], &head_len),
+                                          e[i].key_len))
+                       : NULL;
+    }
+}
+
 void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                          uint32_t n, struct store_obj **objs, int32_t *status)
 {
     uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
-    pthread_mutex_lock(&s->lock);
     int name_ok = store_ns_name_ok(ns);
+    struct reserve_prep prep;
+    if (name_ok)
+        prepare_reserve(s, ns, e, n, &prep);
+    pthread_mutex_lock(&s->lock);
     struct store_ns *space = name_ok ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
-        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], objs, i, &scan_left, 0)
+        status[i] = name_ok ? reserve_one(s, ns, &space, &e[i], prep.key_hash[i], &prep.mem[i],
+                                          objs, i, &scan_left, 0)
                             : GDRKV_E_INVALID;
     }
     pthread_mutex_unlock(&s->lock);
+    for (uint32_t i = 0; name_ok && i < n; i++)
+        free(prep.mem[i]);
     /* Outside the lock: a reservation is its writer's alone (nothing evicts
      * or frees it), and nobody reads headers but a restart. */
     for (uint32_t i = 0; s->piece_hdr && i < n; i++) {
@@ -988,7 +1071,9 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
     for (int waited = 0;; waited++) {
         pthread_mutex_lock(&s->lock);
         struct store_ns *space = store_ns_find(s, ns);
-        st = reserve_one(s, ns, &space, &entry, &o, 0, &scan_left, 1);
+        struct store_obj *no_mem = NULL;
+        st = reserve_one(s, ns, &space, &entry, index_key_hash(&s->objects, e->key, e->key_len),
+                         &no_mem, &o, 0, &scan_left, 1);
         pthread_mutex_unlock(&s->lock);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
             break;

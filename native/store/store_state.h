@@ -114,8 +114,11 @@ int store_key_ok(const struct gk_entry *e);
 uint32_t store_obj_cut(const struct store *s, uint32_t ns_len, const struct gk_entry *e,
                        uint32_t *head_len);
 uint32_t store_chunk_hdr(const struct store *s, const struct store_obj *o, uint32_t i);
+/* key_hash: index_key_hash of e's key; mem: the object's memory, or NULL
+ * to allocate it. */
 struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const struct gk_entry *e,
-                                uint32_t nchunks, uint32_t head_len);
+                                uint32_t nchunks, uint32_t head_len, uint64_t key_hash,
+                                struct store_obj *mem);
 uint64_t store_obj_head_off(const struct store_obj *o);
 
 /* A pool file's objects back after a restart (reattach.c): formats a

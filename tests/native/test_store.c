@@ -1150,21 +1150,35 @@ static const char *key6(char *buf, size_t cap, int i)
     return buf;
 }
 
-/* Enough objects that the rebuild runs on a thread per core (two here):
- * every object back byte for byte in its namespace, namespace counts
- * right, a forged second head of one key loses to the first one
+/* Enough objects, over enough pages, that every step of the restart runs
+ * on a thread per core (two here), with commit order and page order apart
+ * (a third of the first objects deleted, their chunks taken by later
+ * ones): every object back byte for byte in its namespace, namespace
+ * counts right, a forged second head of one key loses to the first one
  * committed wherever the two land, and eviction afterwards takes the
- * oldest writes first, across the threads' runs. */
+ * oldest writes first. */
 static void test_pool_file_restart_in_parallel(void)
 {
-    enum { N = 40000, FORGED = 39000, VICTIM = 5 };
+    enum { FIRST = 36000, DELETED_BELOW = 30000, LATER = 8000, SIZE = 1000 };
+    enum { FORGED = 33000, VICTIM = 5 };           /* first objects, not deleted */
+    static int order[FIRST + LATER];               /* object numbers, in commit order */
+    int n = 0;
     char key[32], victim[32];
     struct store_obj *o;
 
     unlink(pool_path());
-    struct store *s = open_file_wm(16 * MiB, 1, 0.9);
-    for (int i = 0; i < N; i++)
-        CHECK_EQ(put(s, run_ns(i), key6(key, sizeof key, i), 64, (uint64_t)i), 0);
+    struct store *s = open_file_wm(64 * MiB, 1, 0.9);
+    for (int i = 0; i < FIRST; i++)
+        CHECK_EQ(put(s, run_ns(i), key6(key, sizeof key, i), SIZE, (uint64_t)i), 0);
+    for (int i = 0; i < DELETED_BELOW; i += 3)
+        CHECK_EQ(delete1(s, run_ns(i), key6(key, sizeof key, i)), 0);
+    for (int i = 0; i < FIRST; i++)
+        if (i >= DELETED_BELOW || i % 3)
+            order[n++] = i;
+    for (int i = FIRST; i < FIRST + LATER; i++) {
+        CHECK_EQ(put(s, run_ns(i), key6(key, sizeof key, i), SIZE, (uint64_t)i), 0);
+        order[n++] = i;
+    }
     store_close(s);
 
     /* FORGED's head rewritten to name VICTIM's key, still committed. */
@@ -1185,21 +1199,21 @@ static void test_pool_file_restart_in_parallel(void)
     munmap(map, len);
     close(fd);
 
-    s = open_file_wm(16 * MiB, 1, 0.9);
+    s = open_file_wm(64 * MiB, 1, 0.9);
     struct store_stats st = stats_of(s);
-    CHECK_EQ(st.restored_objects, N - 1);
+    CHECK_EQ(st.restored_objects, (uint64_t)n - 1);
     CHECK_EQ(st.restore_dropped, 1);
-    CHECK_EQ(st.objects, N - 1);
-    CHECK_EQ(st.object_bytes, (N - 1) * 64ull);
+    CHECK_EQ(st.objects, (uint64_t)n - 1);
+    CHECK_EQ(st.object_bytes, (n - 1) * (uint64_t)SIZE);
     CHECK_EQ(st.namespaces, 3);
-    uint64_t counts[3] = {0};
+    uint64_t counts[3] = {0}, want[3] = {0};
     CHECK_EQ(store_each_namespace(s, 10, count_ns, counts), 3);
-    uint64_t want[3] = {0};
-    for (int i = 0; i < N; i++)
-        want[run_ns(i)[0] - 'a'] += i != FORGED;
+    for (int k = 0; k < n; k++)
+        want[run_ns(order[k])[0] - 'a'] += order[k] != FORGED;
     for (int k = 0; k < 3; k++)
         CHECK_EQ(counts[k], want[k]);
-    for (int i = 0; i < N; i++) {
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
         int32_t rc = pin1(s, run_ns(i), key6(key, sizeof key, i), 0, &o);
         if (i == FORGED) {
             CHECK_EQ(rc, GDRKV_E_NOT_FOUND);
@@ -1210,22 +1224,27 @@ static void test_pool_file_restart_in_parallel(void)
         unpin1(s, o);
     }
 
-    /* Pages a page each: the free ones, then the oldest small objects'. */
-    uint64_t free_pages = (16 * MiB - st.pool_used_bytes) / MiB;
-    for (uint64_t k = 0; k < free_pages + 2; k++)
-        CHECK_EQ(put(s, "big", key_n(key, sizeof key, (int)k), MiB - 4096, 1000 + k), 0);
-    int first_kept = -1, evicted = 0;
-    for (int i = 0; i < N; i++) {
-        if (i == FORGED)
+    /* Pages a page each until every small object is gone: after every
+     * few, the ones evicted are the oldest, in commit order. */
+    int gone = 0;                   /* order[0, gone) evicted */
+    for (int k = 0; gone < n; k++) {
+        CHECK(k < 256, "the small objects outlived 256 big ones");
+        /* A call evicts a bounded number of objects: those a page is
+         * shared with can take several calls to free it. */
+        int32_t rc;
+        for (int tries = 0; (rc = put(s, "big", key_n(key, sizeof key, k), MiB - 4096,
+                                      1000 + (uint64_t)k)) == GDRKV_E_NO_SPACE && tries < 16;)
+            tries++;
+        CHECK_EQ(rc, 0);
+        if (k % 4)
             continue;
-        int here = present(s, run_ns(i), key6(key, sizeof key, i));
-        if (here && first_kept < 0)
-            first_kept = i;
-        CHECK(here || first_kept < 0, "key %d evicted after the newer key %d was kept", i,
-              first_kept);
-        evicted += !here;
+        while (gone < n && (order[gone] == FORGED ||
+                            !present(s, run_ns(order[gone]), key6(key, sizeof key, order[gone]))))
+            gone++;
+        for (int j = gone; j < n; j++)
+            CHECK(order[j] == FORGED || present(s, run_ns(order[j]), key6(key, sizeof key, order[j])),
+                  "object %d evicted before the older %d", order[j], order[gone]);
     }
-    CHECK(evicted > 0 && first_kept > 0, "nothing evicted (%d)", evicted);
     store_close(s);
     unlink(pool_path());
 }
