@@ -19,9 +19,10 @@
  * every other reader up, and I/O queues stay shallow. */
 #define SERVER_DISK_THREADS 4
 
-/* A parked frame: its keys are split over up to SERVER_DISK_THREADS jobs,
- * read side by side (a disk serves several reads at once far faster than
- * one after the other); the last job to finish wakes the worker. */
+/* A parked frame: its keys are read side by side (a disk serves several
+ * reads at once far faster than one after the other): all in one job
+ * where the store reads through io_uring, else split over up to
+ * SERVER_DISK_THREADS jobs; the last job to finish wakes the worker. */
 struct disk_frame {
     uint32_t jobs_left;         /* atomic */
     struct server_worker *worker;
@@ -164,7 +165,10 @@ int server_disk_park(struct server_conn *c)
     uint32_t n = c->req.count;
     if (!d || c->disk_done || !store_on_disk_any(s->store, &c->ns, c->batch.entries, n))
         return 0;
-    uint32_t njobs = GK_MIN((uint32_t)d->nthreads, n), per_job = (n + njobs - 1) / njobs;
+    /* With io_uring one thread keeps a frame's reads in flight together;
+     * with preads, the frame's keys are spread over the threads. */
+    uint32_t njobs = store_disk_reads_overlap(s->store) ? 1 : GK_MIN((uint32_t)d->nthreads, n);
+    uint32_t per_job = (n + njobs - 1) / njobs;
     njobs = (n + per_job - 1) / per_job;
     struct disk_frame *frame = malloc(sizeof *frame);
     struct disk_job *jobs[SERVER_DISK_THREADS] = {0};

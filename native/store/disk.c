@@ -33,6 +33,7 @@
 #include "disk_format.h"
 #include "gdrkv.h"
 #include "index.h"
+#include "uring.h"
 
 #define DISK_FILE_NAME "gdrkv.disk"
 #define DISK_MIN_REGIONS 2
@@ -440,53 +441,106 @@ static void forget(struct disk_tier *d, const struct disk_loc *loc, const uint8_
     pthread_mutex_unlock(&d->lock);
 }
 
-int disk_read(struct disk_tier *d, const struct disk_loc *loc, const uint8_t *ns,
-              uint32_t ns_len, const uint8_t *key, uint32_t key_len, const struct iovec *dst,
-              uint32_t dstcnt)
+/* Where a record's read goes: its blocks, into an aligned buffer. */
+struct read_span {
+    uint64_t start, len;
+    uint8_t *buf;
+};
+
+static int span_of(const struct disk_loc *loc, struct read_span *sp)
 {
+    sp->start = loc->off / DISK_BLOCK * DISK_BLOCK;
+    sp->len = disk_round_up(loc->off + loc->len, DISK_BLOCK) - sp->start;
+    sp->buf = aligned_alloc_block(sp->len);
+    return sp->buf ? 0 : -1;
+}
+
+/* Checks a record read back (rc: 0, or the read's -errno; ringed: through
+ * io_uring) against what the index says, and copies its value into dst:
+ * 0 or GDRKV_E_NOT_FOUND. */
+static int finish_read(struct disk_tier *d, const struct disk_read_req *q,
+                       const struct read_span *sp, int rc, uint64_t took, int ringed)
+{
+    const struct disk_loc *loc = q->loc;
     struct disk_file *f = &d->files[loc->file];
-    uint64_t start = loc->off / DISK_BLOCK * DISK_BLOCK;
-    uint64_t span = disk_round_up(loc->off + loc->len, DISK_BLOCK) - start;
-    uint8_t *buf = aligned_alloc_block(span);
-    if (!buf)
-        return GDRKV_E_NOT_FOUND;
-    uint64_t t0 = gk_now_ns();
-    int rc = full_pread(f->fd, buf, span, start);
-    uint64_t took = gk_now_ns() - t0;
     struct disk_record r;
-    const uint8_t *rec = buf + (loc->off - start);
+    const uint8_t *rec = sp->buf + (loc->off - sp->start);
     int parsed = rc == 0 && disk_record_parse(rec, loc->len, loc->off, loc->len, &r);
-    if (parsed && r.dead) {             /* deleted since the lookup */
-        free(buf);
+    if (parsed && r.dead)               /* deleted since the lookup */
         return GDRKV_E_NOT_FOUND;
-    }
     int bad = rc == 0 &&
-              (!parsed || r.seq != loc->seq || r.size != loc->size || r.ns_len != ns_len ||
-               r.key_len != key_len || memcmp(r.ns, ns, ns_len) != 0 ||
-               memcmp(r.key, key, key_len) != 0 ||
+              (!parsed || r.seq != loc->seq || r.size != loc->size || r.ns_len != q->ns_len ||
+               r.key_len != q->key_len || memcmp(r.ns, q->ns, q->ns_len) != 0 ||
+               memcmp(r.key, q->key, q->key_len) != 0 ||
                gk_checksum64(rec + r.hdr_len, r.size, r.seq) != r.value_sum);
     if (rc || bad) {
         if (rc)
-            GK_WARN("disk: reading %" PRIu64 " bytes of %s failed: %s", span, f->path,
+            GK_WARN("disk: reading %" PRIu64 " bytes of %s failed: %s", sp->len, f->path,
                     strerror(-rc));
-        free(buf);
-        forget(d, loc, ns, ns_len, key, key_len, bad);
+        forget(d, loc, q->ns, q->ns_len, q->key, q->key_len, bad);
         return GDRKV_E_NOT_FOUND;
     }
     const uint8_t *value = rec + r.hdr_len;
     uint64_t left = r.size;
-    for (uint32_t k = 0; k < dstcnt && left; k++) {
-        uint64_t n = GK_MIN(left, (uint64_t)dst[k].iov_len);
-        memcpy(dst[k].iov_base, value, n);
+    for (uint32_t k = 0; k < q->dstcnt && left; k++) {
+        uint64_t n = GK_MIN(left, (uint64_t)q->dst[k].iov_len);
+        memcpy(q->dst[k].iov_base, value, n);
         value += n, left -= n;
     }
-    free(buf);
     pthread_mutex_lock(&d->lock);
     d->stats.disk_reads++;
     d->stats.disk_read_bytes += loc->size;
     d->stats.disk_read_ns += took;
+    d->stats.disk_uring_reads += ringed != 0;
     pthread_mutex_unlock(&d->lock);
     return left ? GDRKV_E_NOT_FOUND : 0;
+}
+
+void disk_read_batch(struct disk_tier *d, const struct disk_read_req *reqs, uint32_t n,
+                     int32_t *status)
+{
+    struct read_span *sp = calloc(n ? n : 1, sizeof *sp);
+    struct uring_read *rd = calloc(n ? n : 1, sizeof *rd);
+    int64_t *res = calloc(n ? n : 1, sizeof *res);
+    uint32_t k = 0;                     /* reads issued, in request order */
+    uint32_t *which = calloc(n ? n : 1, sizeof *which);
+    for (uint32_t i = 0; i < n; i++) {
+        status[i] = GDRKV_E_NOT_FOUND;  /* out of memory: a miss */
+        if (!sp || !rd || !res || !which || span_of(reqs[i].loc, &sp[i]) != 0)
+            continue;
+        rd[k] = (struct uring_read){.fd = d->files[reqs[i].loc->file].fd, .buf = sp[i].buf,
+                                    .len = (uint32_t)sp[i].len, .off = sp[i].start};
+        which[k++] = i;
+    }
+    uint64_t t0 = gk_now_ns();
+    int ringed = k && uring_read_all(rd, k, res);
+    /* Reads side by side: each waited for about the whole batch. */
+    uint64_t took = gk_now_ns() - t0;
+    for (uint32_t j = 0; j < k; j++) {
+        uint32_t i = which[j];
+        int rc = res[j] < 0 ? (int)res[j] : 0;
+        if (rc == 0 && (uint64_t)res[j] < sp[i].len)     /* short: read the rest */
+            rc = full_pread(rd[j].fd, sp[i].buf + res[j], sp[i].len - (uint64_t)res[j],
+                            sp[i].start + (uint64_t)res[j]);
+        status[i] = finish_read(d, &reqs[i], &sp[i], rc, took, ringed);
+    }
+    for (uint32_t i = 0; sp && i < n; i++)
+        free(sp[i].buf);
+    free(sp);
+    free(rd);
+    free(res);
+    free(which);
+}
+
+int disk_read(struct disk_tier *d, const struct disk_loc *loc, const uint8_t *ns,
+              uint32_t ns_len, const uint8_t *key, uint32_t key_len, const struct iovec *dst,
+              uint32_t dstcnt)
+{
+    struct disk_read_req q = {.loc = loc, .ns = ns, .ns_len = ns_len, .key = key,
+                              .key_len = key_len, .dst = dst, .dstcnt = dstcnt};
+    int32_t status;
+    disk_read_batch(d, &q, 1, &status);
+    return status;
 }
 
 /* ------------------------------------------------------------ deletes */

@@ -91,6 +91,17 @@ int disk_lookup(struct disk_tier *d, const uint8_t *ns, uint32_t ns_len, const u
 int disk_read(struct disk_tier *d, const struct disk_loc *loc, const uint8_t *ns,
               uint32_t ns_len, const uint8_t *key, uint32_t key_len, const struct iovec *dst,
               uint32_t dstcnt);
+/* disk_read of n held records at once, in flight side by side (io_uring,
+ * uring.h): status[i] as disk_read returns. */
+struct disk_read_req {
+    const struct disk_loc *loc;
+    const uint8_t *ns, *key;
+    uint32_t ns_len, key_len;
+    const struct iovec *dst;
+    uint32_t dstcnt;
+};
+void disk_read_batch(struct disk_tier *d, const struct disk_read_req *reqs, uint32_t n,
+                     int32_t *status);
 void disk_release(struct disk_tier *d, const struct disk_loc *loc);
 
 /* DELETE and CLEAR: the records leave the index at once (no I/O: the

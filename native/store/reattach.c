@@ -527,7 +527,8 @@ static int any_failed(const struct rebuild_job *jobs, uint32_t n)
 }
 
 /* Makes, indexes and links the objects of heads[0..n), in commit order. */
-static int rebuild(struct store *s, const struct found_head *heads, uint32_t n)
+static int rebuild(struct store *s, const struct found_head *heads, uint32_t n,
+                   uint64_t *made_ns)
 {
     struct rebuild r = {.s = s, .heads = heads, .n = n,
                         .nthreads = threads_for(n, REBUILD_HEADS_PER_THREAD),
@@ -544,6 +545,7 @@ static int rebuild(struct store *s, const struct found_head *heads, uint32_t n)
     }
     if (!failed) {
         on_threads(make_run, jobs, sizeof *jobs, r.nthreads);
+        *made_ns = gk_now_ns();
         failed = any_failed(jobs, r.nthreads);
     }
     if (!failed) {
@@ -595,7 +597,8 @@ static int restore_objects(struct store *s)
         return -1;
     }
     alloc_restore_begin(&s->alloc);
-    int rc = rebuild(s, heads, n);
+    uint64_t made = 0;
+    int rc = rebuild(s, heads, n, &made);
     free(heads);
     if (rc != 0)
         return -1;
@@ -603,13 +606,14 @@ static int restore_objects(struct store *s)
     s->commit_seq = max_seq;
     uint64_t end = gk_now_ns();
     GK_INFO("pool: re-attached %llu objects (%llu MiB) in %llu ms (find %llu, order %llu, "
-            "rebuild %llu); %llu heads dropped (writes cut short)",
+            "objects %llu, index %llu); %llu heads dropped (writes cut short)",
             (unsigned long long)s->st.restored_objects,
             (unsigned long long)(s->st.object_bytes >> 20),
             (unsigned long long)((end - start) / 1000000),
             (unsigned long long)((found - start) / 1000000),
             (unsigned long long)((sorted - found) / 1000000),
-            (unsigned long long)((end - sorted) / 1000000),
+            (unsigned long long)((made - sorted) / 1000000),
+            (unsigned long long)((end - made) / 1000000),
             (unsigned long long)s->st.restore_dropped);
     return 0;
 }

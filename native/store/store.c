@@ -37,6 +37,7 @@
 #include "disk.h"
 #include "gdrkv.h"
 #include "persist.h"
+#include "uring.h"
 
 /* Objects one batch of reservations may look at while evicting, over all
  * its keys and under one hold of the lock: two per key of the largest
@@ -657,6 +658,13 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
          * writer may still abort, so only its own batch may count it. */
         if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
             return GDRKV_E_BUSY;
+        /* A promotion finding its key in the pool: the parked frame that
+         * wants it runs again soon, so it must not be the next object the
+         * frame's other promotions evict (they take the coldest). */
+        if (clean_only) {
+            dlink_move_head(&s->lru, &found->lru);
+            return STORE_PRESENT;
+        }
         s->st.put_dedup++;
         return STORE_PRESENT;
     }
@@ -1036,6 +1044,8 @@ static void flush_to_disk(struct store *s)
 
 int store_has_disk(struct store *s) { return s->disk != NULL; }
 
+int store_disk_reads_overlap(struct store *s) { return s->disk && uring_available(); }
+
 int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                       uint32_t n)
 {
@@ -1054,15 +1064,24 @@ int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_e
     return any;
 }
 
-/* Reads key e from disk into a new object of the pool: 1 when promoted. */
-static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_entry *e)
-{
+/* A key being promoted: where it is on disk, the reservation it is read
+ * into, and that reservation's chunks. */
+struct promotion {
     struct disk_loc loc;
-    struct store_obj *o = NULL;
+    struct store_obj *o;
+    struct iovec *iov;
+};
+
+/* Holds e's record on disk and reserves room for it in the pool (only by
+ * evicting objects that are on disk too): 0, or -1 with nothing held. */
+static int promote_start(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         struct promotion *p)
+{
     uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
-    if (disk_lookup(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &loc) != 0)
-        return 0;
-    struct gk_entry entry = {.key = e->key, .key_len = e->key_len, .size = loc.size};
+    p->o = NULL;
+    if (disk_lookup(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &p->loc) != 0)
+        return -1;
+    struct gk_entry entry = {.key = e->key, .key_len = e->key_len, .size = p->loc.size};
     int32_t st;
     /* Another reader promoting the same key (or a writer writing it) holds
      * a reservation: wait for its commit, so that this reader finds the
@@ -1073,26 +1092,36 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
         struct store_ns *space = store_ns_find(s, ns);
         struct store_obj *no_mem = NULL;
         st = reserve_one(s, ns, &space, &entry, index_key_hash(&s->objects, e->key, e->key_len),
-                         &no_mem, &o, 0, &scan_left, 1);
+                         &no_mem, &p->o, 0, &scan_left, 1);
         pthread_mutex_unlock(&s->lock);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
             break;
         usleep(1000);
     }
-    if (st != 0) {
-        disk_release(s->disk, &loc);
-        return 0;
+    p->iov = st == 0 ? malloc((p->o->nchunks ? p->o->nchunks : 1) * sizeof *p->iov) : NULL;
+    if (st == 0 && !p->iov) {
+        pthread_mutex_lock(&s->lock);
+        obj_unlink_dropping_ns(s, p->o);
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (!p->iov) {
+        disk_release(s->disk, &p->loc);
+        return -1;
     }
     if (s->piece_hdr)
-        write_headers(s, o);
-    struct iovec *iov = malloc((o->nchunks ? o->nchunks : 1) * sizeof *iov);
-    int rc = iov ? 0 : GDRKV_E_INTERNAL;
-    if (rc == 0)
-        rc = disk_read(s->disk, &loc, ns_bytes(ns), ns->len, e->key, e->key_len, iov,
-                       obj_iov(s, o, iov));
-    disk_release(s->disk, &loc);
-    free(iov);
+        write_headers(s, p->o);
+    return 0;
+}
+
+/* Commits a promotion whose read succeeded (rc 0), else takes its
+ * reservation back: whether the object is in the pool now. */
+static int promote_finish(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                          struct promotion *p, int rc)
+{
+    struct store_obj *o = p->o;
     uint64_t size;
+    disk_release(s->disk, &p->loc);
+    free(p->iov);
     pthread_mutex_lock(&s->lock);
     /* Deleted from disk while it was read: it stays deleted. */
     if (rc == 0 && disk_contains(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {
@@ -1110,16 +1139,34 @@ static int promote_one(struct store *s, const struct gk_ns *ns, const struct gk_
     return rc == 0;
 }
 
+/* The keys' records are read side by side (disk_read_batch), so a frame
+ * of keys costs about one read's latency, not one per key. */
 uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                              uint32_t n)
 {
-    uint32_t promoted = 0;
-    if (!s->disk || !store_ns_name_ok(ns))
+    uint32_t promoted = 0, k = 0;
+    if (!s->disk || !store_ns_name_ok(ns) || n == 0)
         return 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (store_key_ok(&e[i]))
-            promoted += (uint32_t)promote_one(s, ns, &e[i]);
+    struct promotion *p = calloc(n, sizeof *p);
+    struct disk_read_req *q = calloc(n, sizeof *q);
+    uint32_t *which = calloc(n, sizeof *which);
+    int32_t *status = calloc(n, sizeof *status);
+    for (uint32_t i = 0; p && q && which && status && i < n; i++) {
+        if (!store_key_ok(&e[i]) || promote_start(s, ns, &e[i], &p[k]) != 0)
+            continue;
+        q[k] = (struct disk_read_req){.loc = &p[k].loc, .ns = ns_bytes(ns), .ns_len = ns->len,
+                                      .key = e[i].key, .key_len = e[i].key_len,
+                                      .dst = p[k].iov, .dstcnt = obj_iov(s, p[k].o, p[k].iov)};
+        which[k++] = i;
     }
+    if (k)
+        disk_read_batch(s->disk, q, k, status);
+    for (uint32_t j = 0; j < k; j++)
+        promoted += (uint32_t)promote_finish(s, ns, &e[which[j]], &p[j], status[j]);
+    free(p);
+    free(q);
+    free(which);
+    free(status);
     return promoted;
 }
 

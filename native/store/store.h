@@ -87,6 +87,7 @@ struct store_chunk {
     X(disk_written_bytes, COUNTER, "value bytes written to disk")                   \
     X(disk_reads, COUNTER, "objects read back from disk")                           \
     X(disk_read_bytes, COUNTER, "value bytes read back from disk")                  \
+    X(disk_uring_reads, COUNTER, "of those, reads io_uring carried (several in flight)") \
     X(disk_write_ns, COUNTER, "time spent in disk writes, ns")                      \
     X(disk_read_ns, COUNTER, "time spent in disk reads, ns")                        \
     X(disk_evicted_regions, COUNTER, "regions the disk tier evicted")               \
@@ -145,6 +146,9 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
  * store_pin_batch() finds the keys in the pool.
  */
 int store_has_disk(struct store *s);
+/* Whether one store_promote_batch call keeps its keys' reads in flight side
+ * by side (io_uring), so that a caller need not spread keys over threads. */
+int store_disk_reads_overlap(struct store *s);
 int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                       uint32_t n);
 /* Returns how many keys it brought into the pool. */

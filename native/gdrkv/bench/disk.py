@@ -4,8 +4,9 @@ device itself and against SGLang's file backend on the same directory.
 For each object size (--sizes, default 64KiB,1MiB), in one run:
   - raw: --disk-working-set bytes written to a file in DIR, then read back
     in objects of that size with O_DIRECT (preadv into aligned memory) by
-    as many threads as the server's disk threads: the disk's ceiling for
-    such reads;
+    RAW_THREADS threads, a queue as deep as the server keeps (its disk
+    threads each keep a frame's reads in flight through io_uring): the
+    disk's ceiling for such reads;
   - gdrkv: a server in this process with a --disk-memory pool (a small
     fraction of the working set) and a disk tier in DIR; the working set is
     written (paced, so nothing is dropped), then read back in batches of
@@ -34,8 +35,10 @@ from ..table import format_table
 from . import engines, harness
 
 DEFAULT_SIZES = "64KiB,1MiB"
-# The server's disk threads (server_disk.c): the raw reads run as many.
-RAW_THREADS = 4
+# Reads in flight for the raw ceiling: the server's 4 disk threads each
+# keep up to 64 of a frame's reads in flight through io_uring (uring.c), so
+# a shallower queue would understate what the disk gives.
+RAW_THREADS = 32
 
 
 def add_arguments(parser):
@@ -101,7 +104,7 @@ def _aligned(nbytes):
 
 def _raw_reads(folder, size, n, repeat):
     """GB/s of O_DIRECT reads of n objects of size from a file written for
-    it, by as many threads as the server reads its disk tier with."""
+    it, by RAW_THREADS threads."""
     path = os.path.join(folder, "raw.bin")
     span = (size + 4095) // 4096 * 4096
     chunks = [_aligned(span) for _ in range(RAW_THREADS)]
