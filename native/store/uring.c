@@ -201,6 +201,11 @@ int uring_read_all(const struct uring_read *reads, uint32_t n, int64_t *res)
     if (n > 1 && uring_available() && ring_open(&r, GK_MIN(n, URING_DEPTH)) == 0) {
         int rc = ring_read_all(&r, reads, n, res);
         ring_close(&r);
+        /* A kernel with io_uring but without its READ op (before 5.6)
+         * refuses each read: those go as preads. */
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            if (res[i] == -EINVAL || res[i] == -EOPNOTSUPP)
+                pread_all(&reads[i], 1, &res[i]);
         if (rc == 0)
             return 1;
         GK_WARN("disk: io_uring failed (%s): reading with pread", strerror(-rc));
