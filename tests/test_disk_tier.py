@@ -188,19 +188,29 @@ def test_a_failing_disk_loses_objects_never_bytes(server_factory, make_client, t
     assert server.alive
 
 
+def cold_keys_on_one_worker(server_factory, make_client, tmp_path, disk_faults, prefix, ms):
+    """A one-worker server whose disk reads will take ms each once the
+    slow-reads fault is on, with 96 keys written: the first ones on disk
+    only by then, the newest still in memory. (server, namespace, a
+    client of it, the keys)."""
+    disk_faults("slow-reads", on=False, ms=ms)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir, "--workers", "1")
+    ns = unique("ns")
+    client = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
+    keys = keys_of(prefix, 96)
+    write_paced(server, client, keys)
+    return server, ns, client, keys
+
+
 def test_a_slow_disk_does_not_hold_up_reads_from_memory(server_factory, make_client, tmp_path,
                                                        disk_faults):
     """While one client waits 3 s for a key the disk reads slowly, another
     reads keys in memory in milliseconds: the disk threads wait, the
     network workers don't."""
-    disk_faults("slow-reads", on=False, ms=3000)
-    disk_dir = tmp_path / "disk"
-    disk_dir.mkdir()
-    server = start(server_factory, disk_dir, "--workers", "1")
-    ns = unique("ns")
-    writer = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
-    keys = keys_of("cold", 96)
-    write_paced(server, writer, keys)
+    server, ns, writer, keys = cold_keys_on_one_worker(server_factory, make_client, tmp_path,
+                                                       disk_faults, "cold", 3000)
     assert writer.batch_exists(keys[:1]) == [True]
     disk_faults("slow-reads", on=True, ms=3000)
     slow = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
@@ -222,14 +232,8 @@ def test_a_slow_disk_does_not_hold_up_deletes(server_factory, make_client, tmp_p
     on the network worker, and the demoter marks them dead in their files
     behind it (a read and a write each, one second per read here). A
     SIGTERM waits for the marks, so the next server still finds them gone."""
-    disk_faults("slow-reads", on=False, ms=1000)
-    disk_dir = tmp_path / "disk"
-    disk_dir.mkdir()
-    server = start(server_factory, disk_dir, "--workers", "1")
-    ns = unique("ns")
-    client = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
-    keys = keys_of("doomed", 96)
-    write_paced(server, client, keys)
+    server, ns, client, keys = cold_keys_on_one_worker(server_factory, make_client, tmp_path,
+                                                       disk_faults, "doomed", 1000)
     disk_faults("slow-reads", on=True, ms=1000)
     start_s = time.monotonic()
     assert client.batch_delete(keys[:2]) == [0, 0]      # the first keys: on disk only

@@ -192,26 +192,36 @@ static void obj_free(struct store *s, struct store_obj *o)
     free(o);
 }
 
-static struct store_obj *obj_find(struct store *s, const struct store_ns *ns, const struct gk_entry *e)
+/* The object under e's key in ns; key_hash is index_key_hash of the key. */
+static struct store_obj *obj_find(struct store *s, const struct store_ns *ns,
+                                  const struct gk_entry *e, uint64_t key_hash)
 {
-    uint64_t hash = index_hash(&s->objects, ns->id, e->key, e->key_len);
-    struct index_node *n = index_find(&s->objects, hash, ns->id, e->key, e->key_len);
+    struct index_node *n = index_find(&s->objects, index_hash_in_ns(key_hash, ns->id), ns->id,
+                                      e->key, e->key_len);
     return n ? CONTAINER_OF(n, struct store_obj, node) : NULL;
 }
 
 /* The committed object under e's key: 0, GDRKV_E_NOT_FOUND (absent, or
  * still being written) or GDRKV_E_INVALID (bad key). ns may be NULL. */
-static int32_t find_committed(struct store *s, const struct store_ns *ns,
-                              const struct gk_entry *e, struct store_obj **out)
+static int32_t find_committed_hashed(struct store *s, const struct store_ns *ns,
+                                     const struct gk_entry *e, uint64_t key_hash,
+                                     struct store_obj **out)
 {
     *out = NULL;
     if (!store_key_ok(e))
         return GDRKV_E_INVALID;
-    struct store_obj *o = ns ? obj_find(s, ns, e) : NULL;
+    struct store_obj *o = ns ? obj_find(s, ns, e, key_hash) : NULL;
     if (!o || o->state != OBJ_COMMITTED)
         return GDRKV_E_NOT_FOUND;
     *out = o;
     return 0;
+}
+
+static int32_t find_committed(struct store *s, const struct store_ns *ns,
+                              const struct gk_entry *e, struct store_obj **out)
+{
+    uint64_t key_hash = store_key_ok(e) ? index_key_hash(&s->objects, e->key, e->key_len) : 0;
+    return find_committed_hashed(s, ns, e, key_hash, out);
 }
 
 /* A batch of reads' keys hashed before the lock is taken (the namespace's
@@ -236,20 +246,9 @@ static int32_t find_hashed(struct store *s, const struct store_ns *ns, const str
                            const struct gk_entry *e, uint32_t i, uint32_t n,
                            struct store_obj **out)
 {
-    *out = NULL;
-    if (!store_key_ok(&e[i]))
-        return GDRKV_E_INVALID;
-    if (!ns)
-        return GDRKV_E_NOT_FOUND;
-    if (i + LOOKUP_AHEAD < n)
+    if (ns && i + LOOKUP_AHEAD < n)
         index_prefetch(&s->objects, index_hash_in_ns(l->key_hash[i + LOOKUP_AHEAD], ns->id));
-    struct index_node *node = index_find(&s->objects, index_hash_in_ns(l->key_hash[i], ns->id),
-                                         ns->id, e[i].key, e[i].key_len);
-    struct store_obj *o = node ? CONTAINER_OF(node, struct store_obj, node) : NULL;
-    if (!o || o->state != OBJ_COMMITTED)
-        return GDRKV_E_NOT_FOUND;
-    *out = o;
-    return 0;
+    return find_committed_hashed(s, ns, &e[i], l->key_hash[i], out);
 }
 
 /* Makes a reserved object readable (in memory: the caller marks a pool
@@ -638,7 +637,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
                            struct store_obj **objs, uint32_t i, uint32_t *scan_left,
                            int clean_only)
 {
-    struct store_obj *found = NULL;
+    struct store_obj *found;
 
     uint32_t head_len, nchunks;
 
@@ -651,9 +650,7 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         return GDRKV_E_TOO_LARGE;
     if (!*space && !(*space = store_ns_create(s, ns)))
         return GDRKV_E_INTERNAL;
-    struct index_node *node = index_find(&s->objects, index_hash_in_ns(key_hash, (*space)->id),
-                                         (*space)->id, e->key, e->key_len);
-    if (node && (found = CONTAINER_OF(node, struct store_obj, node))) {
+    if ((found = obj_find(s, *space, e, key_hash))) {
         /* Another writer's reservation is not a stored object yet: that
          * writer may still abort, so only its own batch may count it. */
         if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
