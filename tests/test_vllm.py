@@ -153,6 +153,64 @@ def test_preempted_requests_finish_and_give_back_their_blocks(vllm_python, serve
     assert all(r["statuses"][-1] == "FINISHED_LENGTH_CAPPED" for r in report["requests"].values())
 
 
+WINDOW = 32                 # tokens of the sliding-window layer: vLLM keeps 31 below a hit
+
+
+def test_a_sliding_window_model_loads_full_layers_and_its_window(vllm_python, server, ns):
+    """A hybrid model (a full-attention and a sliding-window layer, two KV
+    cache groups over the same memory): every computed block of both is
+    saved; a fresh process loads the full layer's blocks of the whole hit
+    and only the window's blocks of the sliding layer (vLLM leaves the
+    others null), all byte-exact."""
+    tokens = prompt(21, 6, extra=8)
+    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], window=WINDOW)
+    assert saver["stats"]["save_keys"] == 6 * 2 and saver["stats"]["save_failed_keys"] == 0
+    loader = engine(vllm_python, server, ns, [
+        {"occupy_blocks": 7, "requests": {"b": tokens, "d": prompt(21, 3) + prompt(22, 2, 1)}}],
+        window=WINDOW)
+    b, d = loader["requests"]["b"], loader["requests"]["d"]
+    assert b["external_tokens"] == 6 * BLOCK and b["loaded_exact"] == [True] * 6
+    assert b["window_exact"] == [True] * 2          # blocks 4 and 5: (96 - 31) // 16 = 4
+    assert d["external_tokens"] == 3 * BLOCK and d["loaded_exact"] == [True] * 3
+    assert d["window_exact"] == [True] * 2          # blocks 1 and 2
+    assert loader["stats"]["load_keys"] == (6 + 2) + (3 + 2)
+    # Other keys than the same model without the sliding window.
+    plain = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}])
+    assert plain["requests"]["c"]["external_tokens"] == 0
+
+
+def test_a_window_block_missing_shortens_the_hit(vllm_python, server, ns):
+    """The sliding layer's objects of blocks 5 and 1 are gone: a hit of 6
+    blocks needs block 5 in its window, so it stops at 5 blocks (window:
+    blocks 3 and 4). A hit of 3 or 2 blocks needs block 1, so that prompt
+    gets 1 block, though the full layer's objects of 3 are there."""
+    tokens = prompt(23, 6, extra=8)
+    engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], window=WINDOW)
+    report = engine(vllm_python, server, ns, [
+        {"drop": {"tokens": tokens, "group": 1, "blocks": [5, 1]},
+         "requests": {"b": tokens}}], window=WINDOW)
+    b = report["requests"]["b"]
+    assert b["external_tokens"] == 5 * BLOCK
+    assert b["loaded_exact"] == [True] * 5 and b["window_exact"] == [True] * 2
+    report = engine(vllm_python, server, ns, [{"requests": {"c": tokens[:3 * BLOCK + 5]}}],
+                    window=WINDOW)
+    c = report["requests"]["c"]
+    assert c["external_tokens"] == BLOCK
+    assert c["loaded_exact"] == [True] and c["window_exact"] == [True]
+
+
+def test_blocks_a_window_lets_go_wait_for_the_saves_reading_them(vllm_python, server, ns):
+    """Chunked prefill in a small pool: the sliding layer's blocks leave the
+    window and vLLM hands them out again a few steps later, while a slow
+    store has not read them yet. The forward that would overwrite them waits
+    for those saves, so every stored object holds what the forward wrote."""
+    tokens = prompt(24, 14, extra=3)
+    report = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], window=WINDOW,
+                    blocks=24, batch_tokens=2 * BLOCK, slow_saves_s=0.25, check_stored=True)
+    stored = report["requests"]["a"]["stored_exact"]
+    assert stored == [True] * (14 * 2), stored
+
+
 def test_random_block_hashes_are_refused_at_start(vllm_python, server, ns):
     report = engine(vllm_python, server, ns, [], hash_algo="xxhash")
     assert "PYTHONHASHSEED" in report["error"]
@@ -188,7 +246,7 @@ def shards(spec, tp, pcp, dcp):
                                    decode_context_parallel_size=dcp),
                 cache_config=NS(kv_cache_layout=None, cache_dtype="auto"))
     group = NS(kv_cache_spec=spec, layer_names=[f"model.layers.{i}.attn" for i in range(4)])
-    return Shards(config, group, Options(url="gdrkv://local", blocks_per_key=1, model="m",
+    return Shards(config, [group], Options(url="gdrkv://local", blocks_per_key=1, model="m",
                                          client_options={}), 16)
 
 mha = shards(FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64,

@@ -7,7 +7,10 @@ vLLM's own model-runner mixin, outputs merged by its KVOutputAggregator.
 
 The "model" writes, when a step's forward completes a block, bytes that are
 a function of the block's hash, the layer and (for MHA) the TP rank: a
-loaded block is right when it holds exactly those bytes.
+loaded block is right when it holds exactly those bytes. A hybrid scenario
+({"window": W}) makes layer 0 full attention and layer 1 a sliding window of
+W tokens, two KV cache groups over the same memory (a block id belongs to
+one group at a time), as vLLM lays out such models.
 
     python vllm_engine.py '{"url": ..., "steps": [...]}'
 
@@ -36,7 +39,7 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                        KVCacheTensor, MLAAttentionSpec)
+                                        KVCacheTensor, MLAAttentionSpec, SlidingWindowSpec)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -100,6 +103,16 @@ def make_kv_cache_config(scenario, layers=range(LAYERS)):
     blocks = scenario.get("blocks", 128)
     names = [f"model.decoder.layers.{i}.self_attn.attn" for i in layers]
     page = spec.page_size_bytes
+    if scenario.get("window"):
+        # Layer 0 full, layer 1 sliding: each group's tensor starts at byte
+        # 0 of the one allocation, so they alias.
+        window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=8,
+                                   dtype=torch.bfloat16, sliding_window=scenario["window"])
+        return KVCacheConfig(
+            num_blocks=blocks,
+            kv_cache_groups=[KVCacheGroupSpec(names[:1], spec), KVCacheGroupSpec(names[1:], window)],
+            kv_cache_tensors=[KVCacheTensor(size=page * blocks, layers=[n], layer_stride=page * blocks,
+                                            block_stride=page) for n in names])
     # Layer-outermost (LBNHC): each layer's blocks in a region of their own.
     return KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(names, spec)],
                          kv_cache_tensors=[KVCacheTensor(size=page * blocks * len(names),
@@ -124,9 +137,19 @@ class Worker:
         self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
                                                              kv_cache_config)
         self.kv = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout.LBNHC)
-        self.layers = sorted(self.kv)
+        # The layers of each KV cache group, in vLLM's order of groups.
+        self.groups = [sorted(g.layer_names) for g in kv_cache_config.kv_cache_groups]
         self.connector.register_kv_caches(self.kv)
         self.config = config
+        if scenario.get("slow_saves_s"):
+            # A slow store: each save reads its blocks only after this long.
+            client, delay = self.connector.client, scenario["slow_saves_s"]
+            put = client.batch_put
+
+            def slow_put(*args, **kwargs):
+                time.sleep(delay)
+                return put(*args, **kwargs)
+            client.batch_put = slow_put
 
     def block(self, layer, block_id):
         """Block block_id of a layer as its bytes in memory order (vLLM's
@@ -140,14 +163,25 @@ class Worker:
     def expected(self, block_hash, layer):
         return block_bytes(block_hash, layer, self.shard, self.block(layer, 0).numel())
 
-    def write_block(self, block_id, block_hash):
-        for layer in self.layers:
+    def write_block(self, group, block_id, block_hash):
+        for layer in self.groups[group]:
             self.block(layer, block_id).copy_(
                 torch.frombuffer(bytearray(self.expected(block_hash, layer)), dtype=torch.uint8))
 
-    def holds(self, block_id, block_hash):
+    def holds(self, group, block_id, block_hash):
         return all(bytes(self.block(layer, block_id).numpy()) == self.expected(block_hash, layer)
-                   for layer in self.layers)
+                   for layer in self.groups[group])
+
+    def stored_exact(self, request):
+        """For each block of request's prompt and each group: whether the
+        store holds it as the forward wrote it (None: not stored)."""
+        connector, found = self.connector, []
+        for g, layers in enumerate(self.groups):
+            for block_hash in request.block_hashes:
+                raw = connector.client.get(connector.schemes[g].key(block_hash))
+                found.append(None if raw is None else raw == b"".join(
+                    self.expected(block_hash, layer) for layer in layers))
+        return found
 
     def execute(self, out, requests, block_ids):
         """One step: the connector's calls around the forward, as vLLM's
@@ -162,8 +196,9 @@ class Worker:
                     # schedule() counted the step's tokens as computed already.
                     start = request.num_computed_tokens - n
                     for b in range(start // BLOCK, (start + n) // BLOCK):
-                        if b < len(request.block_hashes):
-                            self.write_block(block_ids[req_id][b], request.block_hashes[b])
+                        for g, ids in enumerate(block_ids[req_id]):
+                            if b < len(request.block_hashes) and ids[b]:    # 0: null block
+                                self.write_block(g, ids[b], request.block_hashes[b])
         return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[],
                                  logprobs=None, prompt_logprobs_dict={}, pooler_output=None,
                                  kv_connector_output=kv_out)
@@ -186,6 +221,7 @@ class Engine:
                         for tp in range(pc.tensor_parallel_size)]
         self.aggregator = KVOutputAggregator(expected_finished_count=len(self.workers))
         self.seen = {}
+        self.finished = {}      # req_id -> Request, once it left the scheduler
         self.breaks = None
         self.idle = []
         self.stats = collections.Counter()      # the connector's, as vLLM's logger gets them
@@ -225,15 +261,15 @@ class Engine:
         out = sched.schedule()
         self.preemptions += len(out.preempted_req_ids or ())
         requests = dict(sched.requests)
-        block_ids = {r: list(sched.kv_cache_manager.get_block_ids(r)[0]) for r in requests
-                     if r in out.num_scheduled_tokens}
+        block_ids = {r: [list(ids) for ids in sched.kv_cache_manager.get_block_ids(r)]
+                     for r in requests if r in out.num_scheduled_tokens}
         for req_id, request in requests.items():
             seen = self.record(req_id)
             status = request.status.name
             if not seen["statuses"] or seen["statuses"][-1] != status:
                 seen["statuses"].append(status)
             if req_id in block_ids:
-                seen.setdefault("block_ids", block_ids[req_id])
+                seen.setdefault("block_ids", block_ids[req_id][0])
                 n = out.num_scheduled_tokens[req_id]
                 start = request.num_computed_tokens - n
                 seen["prefill_tokens"] += max(0, min(start + n, request.num_prompt_tokens) - start)
@@ -249,7 +285,7 @@ class Engine:
         for block in merged.kv_connector_output.invalid_block_ids if \
                 merged.kv_connector_output else ():
             for req_id, request in requests.items():
-                if block in sched.kv_cache_manager.get_block_ids(req_id)[0]:
+                if any(block in ids for ids in sched.kv_cache_manager.get_block_ids(req_id)):
                     seen = self.record(req_id)
                     seen["load_errors"] = seen.get("load_errors", 0) + 1
         # The sampled tokens: one per request whose prefill is done.
@@ -263,6 +299,7 @@ class Engine:
         for req_id in list(self.seen):
             if req_id not in sched.requests and req_id in requests:
                 self.seen[req_id]["statuses"].append(requests[req_id].status.name)
+                self.finished[req_id] = requests[req_id]
         return out
 
     def break_store(self, how, namespace, url, pid):
@@ -275,14 +312,16 @@ class Engine:
 
     def check_loaded(self, request, block_ids):
         """When first scheduled after a load, before its forward: whether
-        the loaded blocks hold what the saving engine wrote, on every rank."""
+        the loaded blocks hold what the saving engine wrote, on every rank
+        (a sliding-window group: the blocks vLLM did not leave null)."""
         seen = self.seen[request.request_id]
         if seen["external_tokens"] and "loaded_exact" not in seen:
             local = seen["local_tokens"]
             blocks = range(local // BLOCK, -(-(local + seen["external_tokens"]) // BLOCK))
-            seen["loaded_blocks"] = [block_ids[b] for b in blocks]
-            seen["loaded_exact"] = [all(w.holds(block_ids[b], request.block_hashes[b])
-                                        for w in self.workers) for b in blocks]
+            seen["loaded_blocks"] = [block_ids[0][b] for b in blocks]
+            for g, name in enumerate(("loaded_exact", "window_exact")[:len(block_ids)]):
+                seen[name] = [all(w.holds(g, block_ids[g][b], request.block_hashes[b])
+                                  for w in self.workers) for b in blocks if block_ids[g][b]]
 
     def run(self, timeout_s=60):
         """Steps until the scheduler holds no request (loads and saves run
@@ -310,12 +349,26 @@ def main(scenario):
             # differ from those of the engine that saved.
             engine.add("occupier", list(range(900, 900 + phase["occupy_blocks"] * BLOCK)), 1)
             engine.step()
+        if phase.get("drop"):
+            # Objects gone from the store: group's objects of these blocks.
+            drop = phase["drop"]
+            hashes = Request(request_id="drop", prompt_token_ids=drop["tokens"],
+                             sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                             mm_features=None, block_hasher=engine.hasher).block_hashes
+            for worker in engine.workers:
+                scheme = worker.connector.schemes[drop["group"]]
+                worker.connector.client.batch_delete([scheme.key(hashes[b])
+                                                      for b in drop["blocks"]])
         if phase.get("break_after_lookup"):
             engine.breaks = (phase["break_after_lookup"], scenario["namespace"],
                              scenario["url"], phase.get("server_pid"))
         for req_id, tokens in phase.get("requests", {}).items():
             engine.add(req_id, tokens, phase.get("max_tokens", 2))
         engine.idle.append(engine.run())
+    if scenario.get("check_stored"):
+        for req_id, request in engine.finished.items():
+            engine.seen[req_id]["stored_exact"] = [
+                x for w in engine.workers for x in w.stored_exact(request)]
     for worker in engine.workers:
         worker.connector.shutdown()
     report = {"requests": engine.seen, "idle": engine.idle, "stats": dict(engine.stats),

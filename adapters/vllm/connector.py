@@ -23,14 +23,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
 
 import gdrkv
 from gdrkv.keys import KeyScheme, with_engine_namespace
 
 from .kv_layout import KVLayout
 from .mover import KVMover
-from .planner import Planner, StepPlan
+from .planner import Group, Planner, StepPlan
 
 log = logging.getLogger("gdrkv.vllm")
 
@@ -89,16 +89,32 @@ def check_hashing(vllm_config, environ=os.environ):
                          "set PYTHONHASHSEED to the same value on every instance, or use sha256")
 
 
-def kv_group(kv_cache_config):
-    """The one KV cache group this connector stores, or a clear refusal."""
-    groups = kv_cache_config.kv_cache_groups
+def kv_groups(kv_cache_config):
+    """The KV cache groups this connector stores (full attention or MLA, and
+    sliding-window layers beside full attention in a hybrid model), or a
+    clear refusal."""
+    groups = list(kv_cache_config.kv_cache_groups)
     specs = [type(g.kv_cache_spec).__name__ for g in groups]
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
-        raise ValueError(f"gdrkv's vLLM connector stores one full-attention (or MLA) KV cache "
-                         f"group; this model has {specs}. Sliding-window layers can run as full "
-                         "attention with --disable-hybrid-kv-cache-manager; Mamba and other "
-                         "hybrid groups are not supported yet")
-    return groups[0]
+    if not groups or not all(isinstance(g.kv_cache_spec, (FullAttentionSpec, SlidingWindowSpec))
+                             for g in groups):
+        raise ValueError(f"gdrkv's vLLM connector stores full-attention, MLA and sliding-window "
+                         f"KV cache groups; this model has {specs}: Mamba, chunked local "
+                         "attention and other groups are not supported yet")
+    if len(groups) > 1 and any(isinstance(g.kv_cache_spec, MLAAttentionSpec) for g in groups):
+        raise ValueError(f"gdrkv's vLLM connector does not store hybrid MLA models yet "
+                         f"(KV cache groups {specs})")
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"gdrkv's vLLM connector needs one block size across KV cache groups; "
+                         f"this model's are {sorted(sizes)}")
+    return groups
+
+
+def _group_kind(spec):
+    """How a hybrid model's group is named in its keys."""
+    if isinstance(spec, SlidingWindowSpec):
+        return f"sw{spec.sliding_window}"
+    return "full"
 
 
 def kv_dtype(cache_dtype, spec_dtype):
@@ -127,42 +143,66 @@ def _ranks(vllm_config):
             (r % tp) % pc.decode_context_parallel_size
 
 
-class Shards:
-    """The deployment's key schemes: one per shard the store holds of a
-    chunk (every TP rank, PP stage and context-parallel rank whose bytes
-    differ; MLA's TP ranks share one)."""
+@dataclass
+class _GroupKeys:
+    layout: str             # the key's layout field
+    dtype: str
+    layers_per_stage: list
+    segment_bytes: int      # a block of a layer, no padding
+    retained: int           # sliding window: vLLM's num_retained_tokens; else None
 
-    def __init__(self, vllm_config, group, options, block_size):
+
+class Shards:
+    """The deployment's key schemes: one per KV cache group and shard the
+    store holds of a chunk (every TP rank, PP stage and context-parallel
+    rank whose bytes differ; MLA's TP ranks share one). A hybrid model's
+    groups carry their index and kind in the layout field."""
+
+    def __init__(self, vllm_config, groups, options, block_size):
         pc = vllm_config.parallel_config
-        spec = group.kv_cache_spec
-        self.mla = isinstance(spec, MLAAttentionSpec)
+        self.mla = isinstance(groups[0].kv_cache_spec, MLAAttentionSpec)
         self.sizes = (pc.tensor_parallel_size, pc.pipeline_parallel_size,
                       pc.prefill_context_parallel_size, pc.decode_context_parallel_size)
-        self.layers_per_stage = _layers_per_stage(vllm_config, group.layer_names)
         layout = vllm_config.cache_config.kv_cache_layout or "LBNHC"
+        self.groups = []
+        for i, group in enumerate(groups):
+            spec = group.kv_cache_spec
+            self.groups.append(_GroupKeys(
+                layout=layout if len(groups) == 1 else f"{layout}.g{i}.{_group_kind(spec)}",
+                dtype=kv_dtype(vllm_config.cache_config.cache_dtype, spec.dtype),
+                layers_per_stage=_layers_per_stage(vllm_config, group.layer_names),
+                segment_bytes=spec.real_page_size_bytes,
+                retained=spec.num_retained_tokens if isinstance(spec, SlidingWindowSpec)
+                else None))
         self._common = dict(engine="vllm", model=options.model,
-                            dtype=kv_dtype(vllm_config.cache_config.cache_dtype, spec.dtype),
-                            layout=layout, page_tokens=block_size * options.blocks_per_key)
+                            page_tokens=block_size * options.blocks_per_key)
         self.blocks_per_key = options.blocks_per_key
-        self.segment_bytes = spec.real_page_size_bytes    # a block of a layer, no padding
 
-    def scheme(self, tp, pp, pcp, dcp):
+    def scheme(self, tp, pp, pcp, dcp, group=0):
         tp_size, pp_size, pcp_size, dcp_size = self.sizes
+        g = self.groups[group]
         return KeyScheme(
-            **self._common,
-            segments=self.layers_per_stage[pp] * self.blocks_per_key,
-            segment_bytes=self.segment_bytes,
+            **self._common, layout=g.layout, dtype=g.dtype,
+            segments=g.layers_per_stage[pp] * self.blocks_per_key,
+            segment_bytes=g.segment_bytes,
             tp_rank=None if self.mla else tp, tp_size=None if self.mla else tp_size,
             pp_rank=pp, pp_size=pp_size,
             cp_rank=pcp if pcp_size > 1 else None, cp_size=pcp_size if pcp_size > 1 else None,
             dcp_rank=dcp if self.mla and dcp_size > 1 else None,
             dcp_size=dcp_size if self.mla and dcp_size > 1 else None)
 
-    def all_prefixes(self):
+    def all_prefixes(self, group=0):
         tp_size, pp_size, pcp_size, dcp_size = self.sizes
-        prefixes = {self.scheme(tp, pp, pcp, tp % dcp_size).prefix()
+        prefixes = {self.scheme(tp, pp, pcp, tp % dcp_size, group).prefix()
                     for tp in range(tp_size) for pp in range(pp_size) for pcp in range(pcp_size)}
         return sorted(prefixes)
+
+    def windowed(self):
+        return any(g.retained is not None for g in self.groups)
+
+    def lookups(self):
+        """The planner's view: per group, its shards' prefixes and window."""
+        return [Group(self.all_prefixes(i), g.retained) for i, g in enumerate(self.groups)]
 
     def writes(self, tp, dcp):
         """Whether a worker writes its shard: MLA's TP ranks hold the same
@@ -221,9 +261,9 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError("gdrkv's vLLM connector needs vLLM's kv_cache_config")
         check_hashing(vllm_config)
         self.options = parse_options(vllm_config)
-        self.group = kv_group(kv_cache_config)
+        self.groups = kv_groups(kv_cache_config)
         block_size, _ = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-        self.shards = Shards(vllm_config, self.group, self.options, block_size)
+        self.shards = Shards(vllm_config, self.groups, self.options, block_size)
         role_name = vllm_config.kv_transfer_config.kv_role
         client_options = with_engine_namespace(self.options.url, self.options.client_options,
                                                "vllm", self.options.model)
@@ -236,13 +276,14 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 log.warning("gdrkv: kv_load_failure_policy is %r: a key that fails to load "
                             "fails its request; 'recompute' recomputes it instead",
                             vllm_config.kv_transfer_config.kv_load_failure_policy)
-            self.planner = Planner(self.client, self.shards.all_prefixes(), block_size,
+            self.planner = Planner(self.client, self.shards.lookups(), block_size,
                                    self.options.blocks_per_key,
                                    load=role_name in ("kv_both", "kv_consumer"),
                                    save=role_name in ("kv_both", "kv_producer"))
         else:
             tp, pp, pcp, dcp = _ranks(vllm_config)
-            self.scheme = self.shards.scheme(tp, pp, pcp, dcp)
+            self.schemes = [self.shards.scheme(tp, pp, pcp, dcp, g)
+                            for g in range(len(self.groups))]
             self.writer = self.shards.writes(tp, dcp)
             self.num_blocks = kv_cache_config.num_blocks
 
@@ -252,7 +293,7 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self.planner.matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        block_ids = blocks.get_block_ids()[0] if num_external_tokens else []
+        block_ids = blocks.get_block_ids() if num_external_tokens else ()
         self.planner.after_alloc(request, block_ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
@@ -267,24 +308,42 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches):
-        names = set(self.group.layer_names)
-        layout = KVLayout({n: t for n, t in kv_caches.items() if n in names}, self.num_blocks)
-        if layout.segment_bytes != self.shards.segment_bytes:
-            raise ValueError(f"gdrkv: a block of a layer takes {layout.segment_bytes} bytes in "
-                             f"the KV tensors and {self.shards.segment_bytes} in vLLM's spec")
+        layouts = []
+        for group, keys in zip(self.groups, self.shards.groups):
+            names = set(group.layer_names)
+            layout = KVLayout({n: t for n, t in kv_caches.items() if n in names}, self.num_blocks)
+            if layout.segment_bytes != keys.segment_bytes:
+                raise ValueError(f"gdrkv: a block of a layer takes {layout.segment_bytes} bytes "
+                                 f"in the KV tensors and {keys.segment_bytes} in vLLM's spec")
+            layouts.append(layout)
         scratch_ptr = None
         if self.options.blocks_per_key > 1:
             import torch
-            self._scratch = torch.empty(layout.segment_bytes, dtype=torch.uint8,
-                                        device=layout.device)
+            nbytes = max(layout.segment_bytes for layout in layouts)
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=layouts[0].device)
             scratch_ptr = self._scratch.data_ptr()
-            layout.regions.append((scratch_ptr, layout.segment_bytes))
-        self._cuda = layout.device.startswith("cuda")
-        self.mover = KVMover(self.client, layout, scratch_ptr)
+            layouts[0].regions.append((scratch_ptr, nbytes))
+        self._cuda = layouts[0].device.startswith("cuda")
+        self.mover = KVMover(self.client, layouts, scratch_ptr)
+
+    def bind_connector_metadata(self, connector_metadata):
+        """The step's plan, before its forward is launched (vLLM starts async
+        loads only after it): blocks a sliding window let go that vLLM
+        handed out again are written by this forward or a load, so the
+        saves still reading them finish first."""
+        super().bind_connector_metadata(connector_metadata)
+        plan = connector_metadata.plan
+        if self.mover is None or not (plan.written or (plan.loads and self.shards.windowed())):
+            return
+        blocks = plan.written | {b for load in plan.loads for ids in load.block_ids
+                                 for b in ids if b >= 0}
+        timeout = _PREEMPT_WAIT_TIMEOUTS * self.client.timeout_ms / 1000
+        if not self.mover.wait_blocks(blocks, timeout):
+            log.warning("gdrkv: saves reading reused blocks still running after %.1f s", timeout)
 
     def start_load_kv(self, forward_context, **kwargs):
         for load in self._plan().loads:
-            self.mover.load(load.req_id, self.scheme.keys(load.hashes), load.block_ids)
+            self.mover.load(load.req_id, self._keys(load), load.block_ids, load.groups)
 
     def wait_for_layer_load(self, layer_name):
         return
@@ -302,7 +361,7 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
             return
         ready = self._forward_done() if self._cuda else None
         for save in saves:
-            self.mover.save(save.req_id, self.scheme.keys(save.hashes), save.block_ids, ready)
+            self.mover.save(save.req_id, self._keys(save), save.block_ids, ready, save.groups)
 
     def handle_preemptions(self, kv_connector_metadata):
         preempted = kv_connector_metadata.plan.preempted
@@ -333,6 +392,9 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.client.close()
 
     # ------------------------------------------------------------ helpers
+
+    def _keys(self, transfer):
+        return [self.schemes[g].key(h) for h, g in zip(transfer.hashes, transfer.groups)]
 
     def _plan(self):
         meta = self._get_connector_metadata()

@@ -17,29 +17,37 @@ engine's step through finished() and load_errors():
 
 A save first waits for `ready` (a CUDA event recorded after the forward that
 computed the blocks), so the copies read finished KV without ever queueing
-behind, or in front of, the engine's own stream.
+behind, or in front of, the engine's own stream. The blocks a save reads are
+known until it returns, so the engine can wait for them (wait_blocks) before
+it writes a block vLLM handed out again.
+
+A model with several KV cache groups (full attention and sliding window)
+has a KVLayout per group, all over the same tensors; object i of a job is
+of group groups[i].
 """
 import collections
 import logging
 import queue
 import threading
-import time
 
 log = logging.getLogger("gdrkv.vllm")
 
-Job = collections.namedtuple("Job", "req_id keys block_ids ready")
+Job = collections.namedtuple("Job", "req_id keys block_ids groups ready")
 
 
 class KVMover:
-    """client: a gdrkv.Client; layout: a KVLayout whose regions are
-    registered with it here; scratch_ptr: segment_bytes of registered
-    memory on the layout's device for the blocks a load skips (only needed
-    when objects hold several blocks)."""
+    """client: a gdrkv.Client; layout: a KVLayout (or a list of them, one
+    per KV cache group) whose regions are registered with it here;
+    scratch_ptr: segment_bytes of registered memory on the layout's device
+    for the blocks a load skips (only needed when objects hold several
+    blocks)."""
 
     def __init__(self, client, layout, scratch_ptr=None):
-        self.client, self.layout, self.scratch_ptr = client, layout, scratch_ptr
+        self.layouts = list(layout) if isinstance(layout, (list, tuple)) else [layout]
+        self.client, self.scratch_ptr = client, scratch_ptr
         self._registered = []
-        for ptr, nbytes in layout.regions:
+        regions = dict(r for lay in self.layouts for r in lay.regions)   # groups share tensors
+        for ptr, nbytes in sorted(regions.items()):
             client.register(ptr, nbytes)
             self._registered.append(ptr)
         self._lock = threading.Lock()
@@ -47,6 +55,7 @@ class KVMover:
         self._loaded = set()            # requests whose load finished, not yet reported
         self._errors = set()            # blocks that failed to load, not yet reported
         self._saving = collections.Counter()   # request -> saves not finished
+        self._reading = collections.Counter()  # block -> saves not finished that read it
         self._with_saves = set()         # requests that had saves, until reported
         self._finishing = set()          # requests vLLM finished that had saves
         self.counters = collections.Counter()
@@ -60,16 +69,19 @@ class KVMover:
 
     # ------------------------------------------------------------ the engine's side
 
-    def load(self, req_id, keys, block_ids):
-        """Reads keys[i] into the blocks block_ids[i] (a list per key)."""
-        self._loads.put(Job(req_id, keys, block_ids, None))
+    def load(self, req_id, keys, block_ids, groups=None):
+        """Reads keys[i] into the blocks block_ids[i] (a list per key) of
+        KV cache group groups[i] (default: all the first)."""
+        self._loads.put(Job(req_id, keys, block_ids, groups, None))
 
-    def save(self, req_id, keys, block_ids, ready=None):
-        """Writes the blocks block_ids[i] under keys[i], once ready() returned."""
+    def save(self, req_id, keys, block_ids, ready=None, groups=None):
+        """Writes the blocks block_ids[i] of group groups[i] under keys[i],
+        once ready() returned."""
         with self._lock:
             self._saving[req_id] += 1
             self._with_saves.add(req_id)
-        self._saves.put(Job(req_id, keys, block_ids, ready))
+            self._reading.update(b for blocks in block_ids for b in blocks if b >= 0)
+        self._saves.put(Job(req_id, keys, block_ids, groups, ready))
 
     def note_saves(self, req_id):
         """req_id had saves that other ranks write."""
@@ -106,14 +118,15 @@ class KVMover:
     def wait_saves(self, req_ids, timeout):
         """Blocks until no save of req_ids is left (their blocks are about
         to be reused) or timeout seconds passed; returns whether they were."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while any(self._saving[r] for r in req_ids):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
+        with self._idle:
+            return self._idle.wait_for(lambda: not any(self._saving[r] for r in req_ids), timeout)
+
+    def wait_blocks(self, blocks, timeout):
+        """Blocks until no save reads any of blocks (vLLM handed them out
+        again and is about to write them) or timeout seconds passed; returns
+        whether none is read any more."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not any(self._reading[b] for b in blocks), timeout)
 
     def close(self):
         """Lets the queued jobs finish, stops the threads, unregisters."""
@@ -134,14 +147,17 @@ class KVMover:
             except Exception:       # never let a thread die: the engine would wait forever
                 log.exception("gdrkv: %s of request %s failed", run.__name__, job.req_id)
 
-    def _segments(self, block_ids):
-        ptrs = [self.layout.segments(blocks, self.scratch_ptr) for blocks in block_ids]
-        return ptrs, [[self.layout.segment_bytes] * len(p) for p in ptrs]
+    def _segments(self, job):
+        groups = job.groups or [0] * len(job.block_ids)
+        layouts = [self.layouts[g] for g in groups]
+        ptrs = [lay.segments(blocks, self.scratch_ptr)
+                for lay, blocks in zip(layouts, job.block_ids)]
+        return ptrs, [[lay.segment_bytes] * len(p) for lay, p in zip(layouts, ptrs)]
 
     def _load(self, job):
         bad, results = list(range(len(job.keys))), None
         try:
-            ptrs, sizes = self._segments(job.block_ids)
+            ptrs, sizes = self._segments(job)
             results = self.client.batch_get(job.keys, ptrs, sizes)
             bad = [i for i, (r, s) in enumerate(zip(results, sizes)) if r != sum(s)]
         finally:
@@ -161,13 +177,15 @@ class KVMover:
         try:
             if job.ready is not None:
                 job.ready()
-            ptrs, sizes = self._segments(job.block_ids)
+            ptrs, sizes = self._segments(job)
             results = self.client.batch_put(job.keys, ptrs, sizes)
             failed = sum(r < 0 for r in results)
             stored = sum(sum(s) for r, s in zip(results, sizes) if r == 0)
         finally:
             with self._lock:
                 self._saving[job.req_id] -= 1
+                self._reading.subtract(b for blocks in job.block_ids for b in blocks if b >= 0)
+                self._reading += collections.Counter()      # drops the zeros
                 self.counters["save_keys"] += len(job.keys)
                 self.counters["save_failed_keys"] += failed
                 self.counters["save_bytes"] += stored
