@@ -22,6 +22,11 @@
 
 #define CLIENT_DEFAULT_PORT 7480
 #define CLIENT_MAX_CONNS 64
+/* shm copies out of the pool: a frame below 4 MiB is copied by the calling
+ * thread alone (a helper would wake up too late to matter), a larger one
+ * with up to 3 helpers. */
+#define CLIENT_COPY_HELPERS 3
+#define CLIENT_COPY_PARALLEL_BYTES (4u << 20)
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts)
 {
@@ -157,7 +162,7 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     if (client_regions_init(&c->regions))
         goto no_regions;
-    if (client_copier_init(&c->copier))
+    if (gk_copier_init(&c->copier, CLIENT_COPY_HELPERS, CLIENT_COPY_PARALLEL_BYTES))
         goto no_copier;
     c->rdma = calloc(1, sizeof *c->rdma);
     if (!c->rdma || client_rdma_init(c->rdma))
@@ -188,7 +193,7 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
 
 no_rdma:
     free(c->rdma);
-    client_copier_destroy(&c->copier);
+    gk_copier_destroy(&c->copier);
 no_copier:
     client_regions_destroy(&c->regions);
 no_regions:
@@ -205,7 +210,7 @@ void gdrkv_client_close(gdrkv_client *c)
     free(c->servers);
     free(c->seeds);
     client_regions_destroy(&c->regions);
-    client_copier_destroy(&c->copier);
+    gk_copier_destroy(&c->copier);
     /* After the servers: their connections' QPs go before the device. */
     client_rdma_destroy(c->rdma);
     free(c->rdma);

@@ -9,7 +9,7 @@
  *   client_server.c   server: its endpoint, idle connections, health and backoff
  *   client_conn.c     conn: one connection's frames, the exchange chosen per frame
  *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
- *   client_copy.c     shm: the copies, with helper threads for large frames
+ *                     (the copies themselves: common/copy.c)
  *   client_rdma.c     rdma: device, MRs, QPs per connection, READs and WRITEs
  *   client_gpu.c      gpu: GPU segments of a call, staging, copy launches
  *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments

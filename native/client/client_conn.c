@@ -159,7 +159,7 @@ void client_conn_close(struct client_conn *c)
     free(c->connecting);
     client_staging_unmap(&c->staging);
     client_pool_put(c->pool);
-    client_copy_free(&c->copies);
+    gk_copy_free(&c->copies);
     free(c->body_heap);
     free(c);
 }
@@ -311,7 +311,7 @@ static int stage_values(struct client_conn *c)
         rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
     if (rc == 0)
         rc = run_put_copies(c, &c->staging, gpu);
-    client_copy_reset(&c->copies);
+    gk_copy_reset(&c->copies);
     b->shm_bytes_staged += rc < 0 ? 0 : f->payload_len;
     return rc;
 }
@@ -634,7 +634,7 @@ static int copy_leased(struct client_conn *c)
          * ones meanwhile; the RELEASE goes once the kernel is done too
          * (GPU_WAIT), and the call's other connections go on meanwhile. */
         rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
-        client_copy_reset(&c->copies);
+        gk_copy_reset(&c->copies);
         if (rc) {
             c->why = "GPU copy failed";
             return rc;
@@ -643,9 +643,9 @@ static int copy_leased(struct client_conn *c)
         c->phase = CLIENT_CONN_GPU_WAIT;
         return 0;
     } else if (rc == 0 && bytes > 0) {
-        client_copy_run(b->copier, &c->copies);
+        gk_copy_run(b->copier, &c->copies);
     }
-    client_copy_reset(&c->copies);
+    gk_copy_reset(&c->copies);
     if (gpu)
         gpu_list_reset(gpu);
     if (rc == GDRKV_E_PROTOCOL)
@@ -746,8 +746,8 @@ static int run_put_copies(struct client_conn *c, struct client_staging *staging,
     if (gpu)
         rc = gpu_conn_copy_put(c->gpu, staging, c->pool, b, &c->copies, b->copier);
     else if (c->copies.count)
-        client_copy_run(b->copier, &c->copies);
-    client_copy_reset(&c->copies);
+        gk_copy_run(b->copier, &c->copies);
+    gk_copy_reset(&c->copies);
     return rc;
 }
 
@@ -775,7 +775,7 @@ static int copy_reserved(struct client_conn *c)
     if (rc == 0)
         rc = run_put_copies(c, NULL, gpu);
     if (rc < 0) {
-        client_copy_reset(&c->copies);
+        gk_copy_reset(&c->copies);
         c->why = "the values could not be copied into the pool";
         return rc;
     }

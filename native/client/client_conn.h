@@ -35,7 +35,7 @@
 #include <stdint.h>
 
 #include "client_state.h"
-#include "client_copy.h"
+#include "common/copy.h"
 #include "client_iov.h"
 #include "common/net.h"
 #include "common/protocol.h"
@@ -62,7 +62,7 @@ struct client_conn {
     uint64_t idle_since_ns;     /* when it went back to its server's idle stack */
     struct client_pool *pool;   /* shm: the server's pool, mapped; NULL over tcp */
     struct client_staging staging;  /* shm: where PUT values go for the server */
-    struct client_copy_list copies; /* shm: the current frame's copies */
+    struct gk_copy_list copies; /* shm: the current frame's copies */
     struct client_rdma_conn *rdma;  /* rdma: QPs and the server's regions; else NULL */
     int rdma_broken;            /* a QP failed: finish the frame, then close */
     int rdma_only;              /* transport rdma: no plain frames if the set-up fails */

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_copy.h"
+#include "common/copy.h"
 #include "client_state.h"
 #include "common/common.h"
 #include "gdrkv.h"
@@ -468,7 +468,7 @@ static int to_device(struct gpu_conn *g, int mode, int mapped, uint64_t base, ui
  * copies. Callers find mapped before reading dptr: finding it sets it. */
 static int launch_beside_host(struct gpu_conn *g, struct gpu_call *gc, int mapped,
                               uint64_t base, uint64_t dptr, int dst_side,
-                              const struct client_copy_list *host, struct client_copier *copier)
+                              const struct gk_copy_list *host, struct gk_copier *copier)
 {
     int rc = 0;
     if (g->list.count) {
@@ -476,13 +476,13 @@ static int launch_beside_host(struct gpu_conn *g, struct gpu_call *gc, int mappe
         rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
     }
     if (host->count)
-        client_copy_run(copier, host);
+        gk_copy_run(copier, host);
     gpu_list_reset(&g->list);
     return rc;
 }
 
 int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
-                         const struct client_copy_list *host, struct client_copier *copier)
+                         const struct gk_copy_list *host, struct gk_copier *copier)
 {
     int mapped = pool_mapped(pool);
     return launch_beside_host(g, b->gpu, mapped, (uint64_t)(uintptr_t)pool->base,
@@ -491,7 +491,7 @@ int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct cl
 
 int gpu_conn_copy_put(struct gpu_conn *g, struct client_staging *staging,
                       struct client_pool *pool, struct client_batch *b,
-                      const struct client_copy_list *host, struct client_copier *copier)
+                      const struct gk_copy_list *host, struct gk_copier *copier)
 {
     int launched = g->list.count > 0;
     uint64_t base, dptr;

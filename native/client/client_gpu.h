@@ -35,8 +35,8 @@ struct client_batch;
 struct client_frame;
 struct client_pool;
 struct client_staging;
-struct client_copy_list;
-struct client_copier;
+struct gk_copy_list;
+struct gk_copier;
 
 /* Largest frame payload of a call with GPU segments: bounds the pinned
  * staging each connection holds (two of these), and sets the grain at
@@ -98,7 +98,7 @@ struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
  * queued. gpu_conn_copy_done then says when the GPU is done too, so the
  * call's other connections move on while the kernel runs. */
 int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct client_batch *b,
-                         const struct client_copy_list *host, struct client_copier *copier);
+                         const struct gk_copy_list *host, struct gk_copier *copier);
 /* Starts a PUT frame's copies into shared memory: the list (gpu_conn_list)
  * into the staging memfd (staging set) or a single-tenant pool's
  * reservations (staging NULL) by one launch, the host pieces by the CPU
@@ -107,7 +107,7 @@ int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct c
  * done too (the frame goes then), or a negative error. */
 int gpu_conn_copy_put(struct gpu_conn *gc, struct client_staging *staging,
                       struct client_pool *pool, struct client_batch *b,
-                      const struct client_copy_list *host, struct client_copier *copier);
+                      const struct gk_copy_list *host, struct gk_copier *copier);
 /* 1 when the connection's launch (a LEASE's, or a PUT's) finished, 0
  * while it runs, or an error. */
 int gpu_conn_copy_done(struct gpu_conn *gc);

@@ -276,7 +276,7 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
 struct shm_plan {
     const struct client_batch *b;
     const struct client_pool *pool;
-    struct client_copy_list *out;
+    struct gk_copy_list *out;
     struct gpu_list *gpu;
 };
 
@@ -292,13 +292,13 @@ static int add_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint6
     if (dev >= 0)
         return gpu_list_add(plan->gpu, dev, b->gpu->orig[seg] + seg_off,
                             (uint64_t)(uintptr_t)src, len);
-    return client_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
+    return gk_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
                            (size_t)len);
 }
 
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct client_copy_list *out, struct gpu_list *gpu)
+                    struct gk_copy_list *out, struct gpu_list *gpu)
 {
     struct shm_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
     return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
@@ -308,19 +308,19 @@ int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t
 /* One PUT piece, from the caller's segment to dst (in staging or the
  * pool): host sources become CPU copies, GPU ones go to the launch. */
 static int add_put_copy(const struct client_batch *b, uint64_t seg, uint64_t seg_off,
-                        uint8_t *dst, uint64_t len, struct client_copy_list *out,
+                        uint8_t *dst, uint64_t len, struct gk_copy_list *out,
                         struct gpu_list *gpu)
 {
     int dev = gpu_seg_device(b->gpu, seg);
     if (dev >= 0)
         return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->gpu->orig[seg] + seg_off,
                             len);
-    return client_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
+    return gk_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
                            (size_t)len);
 }
 
 int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
-                           uint32_t first, uint32_t count, struct client_copy_list *out,
+                           uint32_t first, uint32_t count, struct gk_copy_list *out,
                            struct gpu_list *gpu)
 {
     uint8_t *dst = st->base;
@@ -339,7 +339,7 @@ int client_shm_plan_staged(const struct client_staging *st, const struct client_
 struct reserve_plan {
     const struct client_batch *b;
     const struct client_pool *pool;
-    struct client_copy_list *out;
+    struct gk_copy_list *out;
     struct gpu_list *gpu;
 };
 
@@ -354,7 +354,7 @@ static int add_reserved_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_o
 
 int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
                              const struct client_batch *b, uint32_t first, uint32_t count,
-                             const uint8_t *listed, struct client_copy_list *out,
+                             const uint8_t *listed, struct gk_copy_list *out,
                              struct gpu_list *gpu)
 {
     struct reserve_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};

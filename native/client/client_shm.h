@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 #include "client_state.h"
-#include "client_copy.h"
+#include "common/copy.h"
 
 struct gpu_list;
 
@@ -36,21 +36,21 @@ void client_staging_unmap(struct client_staging *st);
  * or GDRKV_E_PROTOCOL (malformed) / GDRKV_E_INTERNAL (out of memory). */
 int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
                     const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct client_copy_list *out, struct gpu_list *gpu);
+                    struct gk_copy_list *out, struct gpu_list *gpu);
 
 /* A PUT_STAGED frame's copies: the values of keys [first, first + count)
  * of b into staging from offset 0, in order, as a PUT payload lays them
  * out (the frame's payload fits: the caller checked). GPU sources go to
  * gpu. 0, or GDRKV_E_INTERNAL (out of memory). */
 int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
-                           uint32_t first, uint32_t count, struct client_copy_list *out,
+                           uint32_t first, uint32_t count, struct gk_copy_list *out,
                            struct gpu_list *gpu);
 /* Single-tenant: a RESERVE answer's copies, the values of the keys with
  * listed[k] set into their reserved chunks of the writable pool, checked
  * as client_shm_plan checks. */
 int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
                              const struct client_batch *b, uint32_t first, uint32_t count,
-                             const uint8_t *listed, struct client_copy_list *out,
+                             const uint8_t *listed, struct gk_copy_list *out,
                              struct gpu_list *gpu);
 
 #endif

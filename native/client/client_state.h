@@ -2,7 +2,7 @@
  * client_state.h - the structs the client wing's files share, at the
  * bottom of the wing: any client file may include it, and it includes no
  * client header but the two leaf ones whose structs the client embeds
- * (client_copy.h, client_regions.h). client.h has the wing's file map.
+ * (common/copy.h, client_regions.h). client.h has the wing's file map.
  *
  *   struct gdrkv_client      the client: options, server table, ranges, counters
  *   struct client_counters   the client's counters (CLIENT_COUNTERS)
@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client_copy.h"
+#include "common/copy.h"
 #include "client_regions.h"
 #include "common/auth.h"
 #include "common/net.h"
@@ -95,7 +95,7 @@ struct gdrkv_client {
     struct client_server *servers;
     uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
     struct client_regions regions;
-    struct client_copier copier;    /* helper threads for large shm copies */
+    struct gk_copier copier;    /* helper threads for large shm copies */
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
     struct gk_token token;          /* opts.token_file's (or GDRKV_TOKEN_FILE's); len 0: none */
     struct client_counters counters;
@@ -189,7 +189,7 @@ struct client_batch {
     size_t text_cap;
 
     /* shm: the client's copy helpers. */
-    struct client_copier *copier;
+    struct gk_copier *copier;
     /* The call's deadline, for the transports' synchronous steps (copies,
      * RDMA completions). */
     uint64_t deadline_ns;

@@ -238,15 +238,26 @@ static int op_put_staged(struct server_conn *c)
     c->holds = CONN_HOLDS_RESERVATIONS;
     uint8_t *base = store_base(s);
     const uint8_t *from = c->staging.base;
-    for (uint32_t i = 0; i < n; from += b->entries[i].size, i++) {
+    struct gk_copy_list *copies = &c->worker->copies;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && !rc; from += b->entries[i].size, i++) {
         uint32_t nchunks;
         if (!b->objs[i])
             continue;
         const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
         uint64_t off = 0;
-        for (uint32_t k = 0; k < nchunks; off += ch[k].len, k++)
-            memcpy(base + ch[k].off, from + off, ch[k].len);
+        for (uint32_t k = 0; k < nchunks && !rc; off += ch[k].len, k++)
+            rc = gk_copy_add(copies, base + ch[k].off, from + off, ch[k].len);
         copied += off;
+    }
+    /* A large frame's copy is shared with the helpers: one core's memory
+     * bandwidth is below what a GPU or several clients put in staging. */
+    if (rc == 0)
+        gk_copy_run(&c->worker->server->copier, copies);
+    gk_copy_reset(copies);
+    if (rc) {       /* the reservations are aborted when the frame ends */
+        static const char oom[] = "out of memory planning the staged copies";
+        return server_reply_error(c, GDRKV_E_INTERNAL, oom, sizeof oom - 1);
     }
     struct server_counters *k = &c->worker->counters;
     gk_counter_add(&k->shm_staged_puts, 1);

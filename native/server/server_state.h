@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/auth.h"
+#include "common/copy.h"
 #include "common/net.h"
 #include "gdrkv.h"
 #include "common/protocol.h"
@@ -121,6 +122,7 @@ struct server_worker {
     pthread_t thread;
     struct server_conn *conns;      /* every connection this worker owns */
     uint8_t *scratch;               /* sink for payload bytes nobody keeps */
+    struct gk_copy_list copies;     /* the current PUT_STAGED frame's copies */
     struct server_counters counters;
 };
 
@@ -132,6 +134,8 @@ struct gdrkv_server {
     uint32_t lease_timeout_ms;
     uint64_t shm_staging_bytes;     /* each local connection's staging memfd; 0: none */
     int single_tenant;              /* local clients map the pool writable */
+    struct gk_copier copier;        /* helpers the workers share for staged PUT copies */
+    int copier_ready;               /* copier initialised (destroy it) */
     struct gk_token token;          /* clients must prove they hold it; len 0: none */
     struct server_metrics *metrics; /* the /metrics endpoint, or NULL */
     char metrics_address[300];      /* where it listens; "" when off */

@@ -81,6 +81,7 @@ void server_worker_destroy(struct server_worker *w)
     }
     free(w->disk_done);
     free(w->scratch);
+    gk_copy_free(&w->copies);
 }
 
 int server_worker_init(struct server_worker *w, struct gdrkv_server *s)

@@ -1,0 +1,184 @@
+/*
+ * copy.c - see copy.h.
+ *
+ * A list is cut into byte ranges of equal size, not into pieces, so a
+ * batch of one huge object spreads as well as a batch of many small ones.
+ * The calling thread copies ranges of its own list until none is left;
+ * helpers only add to it. A job lives on its caller's stack: it leaves
+ * c->jobs when its last range is taken, and its caller returns only once
+ * no helper still copies one of its ranges.
+ */
+#include "copy.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/grow.h"
+
+/* A range smaller than this costs more in wakeups than it saves. */
+#define GK_COPY_MIN_SHARE (64u << 10)
+/* Pieces a list keeps room for between frames. */
+#define GK_COPY_KEEP_PIECES 4096
+
+struct gk_copy_job {
+    const struct gk_copy_list *list;
+    int shares;             /* byte ranges the list is cut into */
+    int next_share;         /* ranges handed out so far */
+    int running;            /* helpers copying one of its ranges */
+    struct gk_copy_job *next;
+};
+
+int gk_copy_add(struct gk_copy_list *l, uint8_t *dst, const uint8_t *src, size_t len)
+{
+    if (gk_grow(&l->pieces, &l->cap, (size_t)l->count + 1, sizeof *l->pieces, 64) < 0)
+        return -1;
+    l->pieces[l->count++] = (struct gk_copy_piece){dst, src, len};
+    l->bytes += len;
+    return 0;
+}
+
+void gk_copy_reset(struct gk_copy_list *l)
+{
+    if (l->cap > GK_COPY_KEEP_PIECES)
+        gk_copy_free(l);
+    l->count = 0;
+    l->bytes = 0;
+}
+
+void gk_copy_free(struct gk_copy_list *l)
+{
+    free(l->pieces);
+    *l = (struct gk_copy_list){0};
+}
+
+/* Copies bytes [from, to) of the list's concatenated pieces. */
+static void copy_range(const struct gk_copy_list *l, uint64_t from, uint64_t to)
+{
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < l->count && at < to; i++) {
+        const struct gk_copy_piece *p = &l->pieces[i];
+        uint64_t start = GK_MAX(at, from), end = GK_MIN(at + p->len, to);
+        if (start < end)
+            memcpy(p->dst + (start - at), p->src + (start - at), (size_t)(end - start));
+        at += p->len;
+    }
+}
+
+static void copy_share(const struct gk_copy_job *j, int share)
+{
+    uint64_t bytes = j->list->bytes;
+    copy_range(j->list, bytes * (uint64_t)share / (uint64_t)j->shares,
+               bytes * (uint64_t)(share + 1) / (uint64_t)j->shares);
+}
+
+/* The next range of j (there is one); j leaves the queue with its last.
+ * Called with c->lock held. */
+static int take_share(struct gk_copier *c, struct gk_copy_job *j)
+{
+    int share = j->next_share++;
+    if (j->next_share == j->shares) {
+        struct gk_copy_job **at = &c->jobs;
+        while (*at != j)
+            at = &(*at)->next;
+        *at = j->next;
+    }
+    return share;
+}
+
+static void *helper_main(void *arg)
+{
+    struct gk_copier *c = arg;
+
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (!c->stop && !c->jobs)
+            pthread_cond_wait(&c->wake, &c->lock);
+        if (c->stop)
+            break;
+        struct gk_copy_job *j = c->jobs;
+        int share = take_share(c, j);
+        j->running++;
+        pthread_mutex_unlock(&c->lock);
+        copy_share(j, share);
+        pthread_mutex_lock(&c->lock);
+        if (--j->running == 0)
+            pthread_cond_broadcast(&c->done);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+int gk_copier_init(struct gk_copier *c, int max_helpers, uint64_t parallel_bytes)
+{
+    memset(c, 0, sizeof *c);
+    c->max_helpers = GK_MIN(GK_MAX(max_helpers, 0), GK_COPY_HELPERS_MAX);
+    c->parallel_bytes = parallel_bytes;
+    if (pthread_mutex_init(&c->lock, NULL))
+        return -1;
+    if (pthread_cond_init(&c->wake, NULL)) {
+        pthread_mutex_destroy(&c->lock);
+        return -1;
+    }
+    if (pthread_cond_init(&c->done, NULL)) {
+        pthread_cond_destroy(&c->wake);
+        pthread_mutex_destroy(&c->lock);
+        return -1;
+    }
+    return 0;
+}
+
+void gk_copier_destroy(struct gk_copier *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < c->nthreads; i++)
+        pthread_join(c->threads[i], NULL);
+    pthread_cond_destroy(&c->done);
+    pthread_cond_destroy(&c->wake);
+    pthread_mutex_destroy(&c->lock);
+}
+
+/* One helper per further CPU, up to max_helpers; none on one CPU. */
+static void start_helpers(struct gk_copier *c)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = (int)GK_MIN(GK_MAX(cpus - 1, 0L), (long)c->max_helpers);
+
+    c->started = 1;
+    while (c->nthreads < want &&
+           pthread_create(&c->threads[c->nthreads], NULL, helper_main, c) == 0)
+        c->nthreads++;
+}
+
+void gk_copy_run(struct gk_copier *c, const struct gk_copy_list *l)
+{
+    if (l->bytes < c->parallel_bytes || l->bytes < 2 * (uint64_t)GK_COPY_MIN_SHARE) {
+        copy_range(l, 0, l->bytes);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    if (!c->started)
+        start_helpers(c);
+    if (c->nthreads == 0) {
+        pthread_mutex_unlock(&c->lock);
+        copy_range(l, 0, l->bytes);
+        return;
+    }
+    struct gk_copy_job job = {.list = l, .next = c->jobs};
+    job.shares = (int)GK_MIN((uint64_t)c->nthreads + 1, l->bytes / GK_COPY_MIN_SHARE);
+    c->jobs = &job;
+    pthread_cond_broadcast(&c->wake);
+    while (job.next_share < job.shares) {
+        int share = take_share(c, &job);
+        pthread_mutex_unlock(&c->lock);
+        copy_share(&job, share);
+        pthread_mutex_lock(&c->lock);
+    }
+    while (job.running > 0)
+        pthread_cond_wait(&c->done, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}

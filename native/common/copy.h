@@ -1,0 +1,63 @@
+/*
+ * copy.h - memcpy of a list of (destination, source) pieces, run by the
+ * calling thread alone when small, or shared with a few helper threads
+ * when a list carries enough bytes for one core's memory bandwidth to be
+ * the limit: the client's shm copies out of the pool, the server's copies
+ * of staged PUT values into it.
+ *
+ * Several threads may copy through one copier at once (the server's
+ * workers do): each list is cut into byte ranges that its own thread and
+ * any idle helper take in turn, so a helper never waits for a list that
+ * is still being taken apart by others.
+ */
+#ifndef GDRKV_COPY_H
+#define GDRKV_COPY_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GK_COPY_HELPERS_MAX 8
+
+struct gk_copy_piece {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t len;
+};
+
+/* A growable list of pieces, reused from frame to frame by its owner. */
+struct gk_copy_list {
+    struct gk_copy_piece *pieces;
+    uint32_t count, cap;
+    uint64_t bytes;
+};
+
+/* Appends a piece; 0, or -1 when out of memory. */
+int gk_copy_add(struct gk_copy_list *l, uint8_t *dst, const uint8_t *src, size_t len);
+/* Empties the list, freeing it when it grew large, so idle connections
+ * stay small. */
+void gk_copy_reset(struct gk_copy_list *l);
+void gk_copy_free(struct gk_copy_list *l);
+
+struct gk_copy_job;
+
+/* The helpers, started on the first large copy. */
+struct gk_copier {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t threads[GK_COPY_HELPERS_MAX];
+    int max_helpers;        /* at most this many, and one fewer than the CPUs */
+    uint64_t parallel_bytes;    /* lists below this are copied by their thread alone */
+    int nthreads;           /* running helpers */
+    int started;            /* tried to start them */
+    int stop;
+    struct gk_copy_job *jobs;   /* lists with ranges nobody took yet */
+};
+
+/* 0, or -1 when the lock or conditions can't be made. */
+int gk_copier_init(struct gk_copier *c, int max_helpers, uint64_t parallel_bytes);
+void gk_copier_destroy(struct gk_copier *c);
+/* Runs every copy of l; returns when all bytes are in place. */
+void gk_copy_run(struct gk_copier *c, const struct gk_copy_list *l);
+
+#endif
