@@ -99,3 +99,41 @@ def test_saves_and_loads_are_byte_exact(torch, server, kv, transport, per_key):
             assert mover.load_errors() == set(loaded[:per_key])
         finally:
             mover.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_groups_over_the_same_tensors_save_and_load_byte_exact(torch, server, kv, transport):
+    """A hybrid model's KV cache groups alias one allocation (a full and a
+    sliding-window layer per tensor): the memory is registered once, each
+    group's objects come back byte-exact into other blocks, and a block
+    that a save still reads is reported until that save is done."""
+    names = sorted(kv)
+    full = KVLayout({n: kv[n] for n in names[:2]}, NUM_BLOCKS)
+    # The sliding-window group: other layer names over the same tensors.
+    window = KVLayout({f"window.{i}": kv[n] for i, n in enumerate(names[:2])}, NUM_BLOCKS)
+    assert full.regions == window.regions
+    with gdrkv.Client(server.url, transport=transport, namespace=unique("vh")) as client:
+        mover = KVMover(client, [full, window])
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(100_000_000)
+                event = torch.cuda.Event()
+                event.record(stream)
+            keys, saved, groups = ["f3", "f6", "w9", "w12"], [[3], [6], [9], [12]], [0, 0, 1, 1]
+            mover.save("s", keys, saved, event.synchronize, groups)
+            assert not mover.wait_blocks({12, 40}, 0.01)     # the save waits for the stream
+            assert mover.wait_blocks({12, 40}, 30) and mover.wait_saves(["s"], 30)
+            assert mover.counters["save_failed_keys"] == 0
+            assert mover.counters["save_bytes"] == 4 * 2 * full.segment_bytes
+            targets = [[70], [71], [72], [73]]
+            mover.load("l", keys, targets, groups)
+            wait_loaded(mover, "l")
+            assert mover.load_errors() == set()
+            torch.cuda.synchronize()
+            for s, d in zip(saved, targets):
+                for n in names[:2]:     # as int16: random bf16 bits hold NaNs
+                    assert torch.equal(kv[n][s[0]].view(torch.int16),
+                                       kv[n][d[0]].view(torch.int16)), (n, s, d)
+        finally:
+            mover.close()

@@ -35,6 +35,16 @@
 #define SERVER_COPY_HELPERS 8
 #define SERVER_COPY_PARALLEL_BYTES (512u << 10)
 
+/* Helpers for staged copies: half the CPUs but the worker's own, at most
+ * SERVER_COPY_HELPERS. The other half stay with the clients that fill
+ * staging meanwhile: on a 2-core host a helper took the client's core and
+ * 1 MiB CPU PUTs fell from 16 to 10-13 GB/s. */
+static int copy_helpers(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return (int)GK_MIN(GK_MAX(cpus / 2 - 1, 0L), (long)SERVER_COPY_HELPERS);
+}
+
 void gdrkv_server_opts_init(gdrkv_server_opts *opts)
 {
     *opts = (gdrkv_server_opts){
@@ -348,7 +358,7 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         if (rc)
             goto fail;
     }
-    if (gk_copier_init(&s->copier, SERVER_COPY_HELPERS, SERVER_COPY_PARALLEL_BYTES)) {
+    if (gk_copier_init(&s->copier, copy_helpers(), SERVER_COPY_PARALLEL_BYTES)) {
         rc = GDRKV_E_INTERNAL;
         snprintf(err, errlen, "cannot set up the copy helpers");
         goto fail;
