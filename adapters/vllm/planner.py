@@ -184,7 +184,8 @@ class Planner:
         plan.loads = list(self._pending_loads.values())
         self._pending_loads.clear()
         for new in out.scheduled_new_reqs:
-            self._note_written(new.block_ids, plan)
+            # Blocks below its computed tokens are prefix-cache hits: read only.
+            self._note_written(new.block_ids, plan, new.num_computed_tokens // self.block_size)
             tracked = self._tracked.get(new.req_id)
             if tracked is not None:
                 # Resumed after preemption (vLLM's v2 model runner lists it
@@ -216,12 +217,13 @@ class Planner:
                                 + out.num_scheduled_tokens[req_id], plan)
         return plan
 
-    def _note_written(self, block_ids, plan):
-        """Blocks vLLM handed out this step (a list per group, or None): with
-        windowed groups they may be ones a save still reads."""
+    def _note_written(self, block_ids, plan, first=0):
+        """Blocks vLLM handed out this step to be written (a list per group
+        from block first on, or None): with windowed groups they may be
+        ones a save still reads."""
         if self.windowed and block_ids:
             for ids in block_ids:
-                plan.written.update(ids)
+                plan.written.update(ids[first:])
 
     def _save_computed(self, tracked, computed_tokens, plan):
         """Saves the full prompt chunks the step's forward computes."""
