@@ -197,9 +197,6 @@ class Shards:
                     for tp in range(tp_size) for pp in range(pp_size) for pcp in range(pcp_size)}
         return sorted(prefixes)
 
-    def windowed(self):
-        return any(g.retained is not None for g in self.groups)
-
     def lookups(self):
         """The planner's view: per group, its shards' prefixes and window."""
         return [Group(self.all_prefixes(i), g.retained) for i, g in enumerate(self.groups)]
@@ -332,13 +329,11 @@ class GdrkvStoreConnector(KVConnectorBase_V1, SupportsHMA):
         handed out again are written by this forward or a load, so the
         saves still reading them finish first."""
         super().bind_connector_metadata(connector_metadata)
-        plan = connector_metadata.plan
-        if self.mover is None or not (plan.written or (plan.loads and self.shards.windowed())):
+        written = connector_metadata.plan.written
+        if self.mover is None or not written:
             return
-        blocks = plan.written | {b for load in plan.loads for ids in load.block_ids
-                                 for b in ids if b >= 0}
         timeout = _PREEMPT_WAIT_TIMEOUTS * self.client.timeout_ms / 1000
-        if not self.mover.wait_blocks(blocks, timeout):
+        if not self.mover.wait_blocks(written, timeout):
             log.warning("gdrkv: saves reading reused blocks still running after %.1f s", timeout)
 
     def start_load_kv(self, forward_context, **kwargs):

@@ -25,8 +25,8 @@ report the saves over (request_finished answers True).
 A sliding-window group frees a running request's blocks once they fall out
 of the window, and vLLM may hand them to another request at once, while a
 save may still be reading them. So with such groups each step's plan names
-the blocks vLLM handed out in it (`written`): the workers let the saves that
-read them finish before the forward writes them.
+the blocks its forward and loads write (`written`): the workers let the saves
+that read them finish first.
 """
 import logging
 from dataclasses import dataclass, field
@@ -65,7 +65,7 @@ class StepPlan:
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
     preempted: set = field(default_factory=set)
-    written: set = field(default_factory=set)   # blocks handed out this step (windowed groups)
+    written: set = field(default_factory=set)   # blocks written this step (windowed groups)
 
 
 @dataclass
@@ -183,6 +183,8 @@ class Planner:
             self._pending_loads.pop(req_id, None)
         plan.loads = list(self._pending_loads.values())
         self._pending_loads.clear()
+        for load in plan.loads:
+            self._note_written(load.block_ids, plan)
         for new in out.scheduled_new_reqs:
             # Blocks below its computed tokens are prefix-cache hits: read only.
             self._note_written(new.block_ids, plan, new.num_computed_tokens // self.block_size)
@@ -218,12 +220,12 @@ class Planner:
         return plan
 
     def _note_written(self, block_ids, plan, first=0):
-        """Blocks vLLM handed out this step to be written (a list per group
-        from block first on, or None): with windowed groups they may be
-        ones a save still reads."""
+        """Blocks this step's forward or loads write (lists of block ids from
+        index first on, or None; -1 is no block): with windowed groups they
+        may be ones a save still reads."""
         if self.windowed and block_ids:
             for ids in block_ids:
-                plan.written.update(ids[first:])
+                plan.written.update(b for b in ids[first:] if b >= 0)
 
     def _save_computed(self, tracked, computed_tokens, plan):
         """Saves the full prompt chunks the step's forward computes."""
