@@ -79,6 +79,7 @@ void server_conn_close(struct server_conn *c)
     /* QPs first: nothing may reach the pool once pins and reservations go. */
     server_rdma_conn_destroy(c);
     server_ops_release(c);
+    server_disk_release(c->disk_frame);
     server_staging_close(&c->staging);
     close(c->fd);
     if (c->prev)
@@ -196,8 +197,11 @@ static enum step execute(struct server_conn *c)
         c->request_deadline_ns = 0;     /* all of it is in; stall_timeout_ms bounds the wait */
         return STEP_WAIT;
     }
-    c->disk_done = 0;
-    if (server_ops_execute(c) < 0)
+    int rc = server_ops_execute(c);
+    /* The frame holds its own pins now, if it wanted them. */
+    server_disk_release(c->disk_frame);
+    c->disk_frame = NULL;
+    if (rc < 0)
         return STEP_CLOSE;
     c->frame_executed = 1;
     c->state = c->req.opcode == GK_OP_PUT ? CONN_READ_PAYLOAD : CONN_WRITE;
@@ -498,9 +502,9 @@ static int listen_for(struct server_conn *c, uint32_t events)
     return 0;
 }
 
-void server_conn_resume_after_disk(struct server_conn *c)
+void server_conn_resume_after_disk(struct server_conn *c, struct disk_frame *f)
 {
-    c->disk_done = 1;
+    c->disk_frame = f;
     c->state = CONN_EXECUTE;
     c->last_progress_ns = gk_now_ns();
     server_conn_on_event(c);

@@ -16,6 +16,7 @@
 
 struct gdrkv_server;
 struct server_conn;
+struct disk_frame;
 struct server_worker;
 
 /* Takes over an accepted socket and the slots accept took for it (a local
@@ -30,8 +31,8 @@ void server_conn_slot_give(struct gdrkv_server *s, int local, const struct serve
  * must run it again without waiting for an event, which may never come. */
 void server_conn_on_event(struct server_conn *c);
 /* Runs again a frame parked for the disk (CONN_WAIT_DISK): its keys are
- * back in the pool, or not to be had. */
-void server_conn_resume_after_disk(struct server_conn *c);
+ * back in the pool (pinned by f, which c now owns), or not to be had. */
+void server_conn_resume_after_disk(struct server_conn *c, struct disk_frame *f);
 /* No frame in progress: every request read has been answered. */
 int server_conn_between_frames(const struct server_conn *c);
 /* Why the worker's tick must close c now, if it must. */

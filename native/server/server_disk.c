@@ -22,20 +22,25 @@
 /* A parked frame: its keys are read side by side (a disk serves several
  * reads at once far faster than one after the other): all in one job
  * where the store reads through io_uring, else split over up to
- * SERVER_DISK_THREADS jobs; the last job to finish wakes the worker. */
+ * SERVER_DISK_THREADS jobs; the last job to finish hands the frame, with
+ * the pins its jobs hold, to the worker. */
 struct disk_frame {
     uint32_t jobs_left;         /* atomic */
+    uint32_t njobs;
     struct server_worker *worker;
     uint64_t serial;            /* the connection's */
+    struct disk_job *jobs[SERVER_DISK_THREADS];
 };
 
-/* Part of a parked frame's keys: everything copied out of the connection. */
+/* Part of a parked frame's keys: everything copied out of the connection,
+ * and the objects store_promote_batch pinned for them. */
 struct disk_job {
     struct disk_job *next;
     struct disk_frame *frame;
     struct gk_ns ns;            /* points after the entries */
     uint32_t n;
-    struct gk_entry entries[];  /* then the namespace and key bytes they point to */
+    struct store_obj **held;    /* n, after the entries */
+    struct gk_entry entries[];  /* then held, then the namespace and key bytes */
 };
 
 struct server_disk {
@@ -55,13 +60,15 @@ static struct disk_job *job_new(struct server_conn *c, struct disk_frame *frame,
     size_t bytes = c->ns.len;
     for (uint32_t i = 0; i < n; i++)
         bytes += e[i].key_len;
-    struct disk_job *j = malloc(sizeof *j + n * sizeof *j->entries + bytes);
+    struct disk_job *j = malloc(sizeof *j + n * (sizeof *j->entries + sizeof *j->held) + bytes);
     if (!j)
         return NULL;
     j->next = NULL;
     j->frame = frame;
     j->n = n;
-    uint8_t *p = (uint8_t *)(j->entries + n);
+    j->held = (struct store_obj **)(j->entries + n);
+    memset(j->held, 0, n * sizeof *j->held);
+    uint8_t *p = (uint8_t *)(j->held + n);
     memcpy(p, c->ns.name, c->ns.len);
     j->ns = (struct gk_ns){.name = p, .len = c->ns.len};
     p += c->ns.len;
@@ -74,25 +81,43 @@ static struct disk_job *job_new(struct server_conn *c, struct disk_frame *frame,
     return j;
 }
 
-/* Tells the frame's worker that its connection may run the frame again. */
+void server_disk_release(struct disk_frame *f)
+{
+    if (!f)
+        return;
+    struct store *store = f->worker->server->store;
+    for (uint32_t k = 0; k < f->njobs; k++) {
+        if (f->jobs[k])
+            store_unpin_batch(store, f->jobs[k]->held, f->jobs[k]->n);
+        free(f->jobs[k]);
+    }
+    free(f);
+}
+
+uint64_t server_disk_serial(const struct disk_frame *f) { return f->serial; }
+
+/* Hands the frame to its worker, whose connection may run it again. */
 static void frame_done(struct disk_frame *f)
 {
     struct server_worker *w = f->worker;
+    int posted = 0;
     pthread_mutex_lock(&w->disk_lock);
     if (gk_grow(&w->disk_done, &w->disk_done_cap, w->ndisk_done + 1, sizeof *w->disk_done,
-                16) == 0)
-        w->disk_done[w->ndisk_done++] = f->serial;
+                16) == 0) {
+        w->disk_done[w->ndisk_done++] = f;
+        posted = 1;
+    }
     pthread_mutex_unlock(&w->disk_lock);
     /* Out of memory: the connection's stall timeout closes it. */
+    if (!posted)
+        server_disk_release(f);
     eventfd_write(w->disk_fd, 1);
-    free(f);
 }
 
 static void job_finished(struct disk_job *j)
 {
     if (__atomic_sub_fetch(&j->frame->jobs_left, 1, __ATOMIC_ACQ_REL) == 0)
         frame_done(j->frame);
-    free(j);
 }
 
 static void *disk_thread(void *arg)
@@ -110,7 +135,7 @@ static void *disk_thread(void *arg)
         if (!d->head)
             d->tail = NULL;
         pthread_mutex_unlock(&d->lock);
-        store_promote_batch(s->store, &j->ns, j->entries, j->n);
+        store_promote_batch(s->store, &j->ns, j->entries, j->n, j->held);
         job_finished(j);
         pthread_mutex_lock(&d->lock);
     }
@@ -149,8 +174,7 @@ void server_disk_stop(struct gdrkv_server *s)
         struct disk_job *j = d->head;
         d->head = j->next;
         if (__atomic_sub_fetch(&j->frame->jobs_left, 1, __ATOMIC_ACQ_REL) == 0)
-            free(j->frame);
-        free(j);
+            server_disk_release(j->frame);
     }
     pthread_cond_destroy(&d->wake);
     pthread_mutex_destroy(&d->lock);
@@ -163,32 +187,32 @@ int server_disk_park(struct server_conn *c)
     struct gdrkv_server *s = c->worker->server;
     struct server_disk *d = s->disk;
     uint32_t n = c->req.count;
-    if (!d || c->disk_done || !store_on_disk_any(s->store, &c->ns, c->batch.entries, n))
+    if (!d || c->disk_frame || !store_on_disk_any(s->store, &c->ns, c->batch.entries, n))
         return 0;
     /* With io_uring one thread keeps a frame's reads in flight together;
      * with preads, the frame's keys are spread over the threads. */
     uint32_t njobs = store_disk_reads_overlap(s->store) ? 1 : GK_MIN((uint32_t)d->nthreads, n);
     uint32_t per_job = (n + njobs - 1) / njobs;
     njobs = (n + per_job - 1) / per_job;
-    struct disk_frame *frame = malloc(sizeof *frame);
-    struct disk_job *jobs[SERVER_DISK_THREADS] = {0};
-    int ok = frame != NULL;
-    for (uint32_t k = 0; ok && k < njobs; k++)
-        ok = (jobs[k] = job_new(c, frame, k * per_job, GK_MIN(per_job, n - k * per_job))) != NULL;
-    if (!ok) {                  /* out of memory: the keys are misses */
-        for (uint32_t k = 0; k < njobs; k++)
-            free(jobs[k]);
-        free(frame);
-        return 0;
+    struct disk_frame *frame = calloc(1, sizeof *frame);
+    if (!frame)
+        return 0;               /* out of memory: the keys are misses */
+    *frame = (struct disk_frame){.jobs_left = njobs, .njobs = njobs, .worker = c->worker,
+                                 .serial = c->serial};
+    for (uint32_t k = 0; k < njobs; k++) {
+        frame->jobs[k] = job_new(c, frame, k * per_job, GK_MIN(per_job, n - k * per_job));
+        if (!frame->jobs[k]) {
+            server_disk_release(frame);
+            return 0;
+        }
     }
-    *frame = (struct disk_frame){.jobs_left = njobs, .worker = c->worker, .serial = c->serial};
     pthread_mutex_lock(&d->lock);
     for (uint32_t k = 0; k < njobs; k++) {
         if (d->tail)
-            d->tail->next = jobs[k];
+            d->tail->next = frame->jobs[k];
         else
-            d->head = jobs[k];
-        d->tail = jobs[k];
+            d->head = frame->jobs[k];
+        d->tail = frame->jobs[k];
     }
     pthread_cond_broadcast(&d->wake);
     pthread_mutex_unlock(&d->lock);

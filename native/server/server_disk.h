@@ -4,18 +4,26 @@
  * the server's disk threads, which read them back into the pool
  * (store_promote_batch) and post the connection's serial to the worker
  * that owns it (its disk_done list and disk_fd); that worker then runs the
- * frame again and finds them there (server_worker.c). A network worker never waits for a
- * disk, so in-memory hits of every other connection keep flowing.
+ * frame again and finds them there (server_worker.c). A network worker
+ * never waits for a disk, so in-memory hits of every other connection keep
+ * flowing.
+ *
+ * The frame's keys found in the pool, brought back or there already, stay
+ * pinned until the frame has run again and pinned them itself: nothing
+ * (a promotion's eviction, the demoter) takes them in between.
  *
  * The jobs hold no pointer a worker may free: a connection closed while
- * its keys are read is looked up by its serial when the job comes back,
- * and simply not found.
+ * its keys are read is looked up by its serial when the frame comes back,
+ * and simply not found; its pins go then.
  */
 #ifndef GDRKV_SERVER_DISK_H
 #define GDRKV_SERVER_DISK_H
 
+#include <stdint.h>
+
 struct gdrkv_server;
 struct server_conn;
+struct disk_frame;
 
 /* Starts the disk threads when the store has a disk tier: 0, or -1. */
 int server_disk_start(struct gdrkv_server *s);
@@ -25,5 +33,10 @@ void server_disk_stop(struct gdrkv_server *s);
 /* For an executing GET or LEASE: 1 when its keys went to the disk threads
  * and the connection must wait (CONN_WAIT_DISK), 0 to run it now. */
 int server_disk_park(struct server_conn *c);
+/* The connection a frame back from the disk threads belongs to. */
+uint64_t server_disk_serial(const struct disk_frame *f);
+/* Lets the frame's pins go and frees it (after its connection ran it
+ * again, or when that connection is gone); NULL is nothing. */
+void server_disk_release(struct disk_frame *f);
 
 #endif

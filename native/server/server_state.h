@@ -33,6 +33,7 @@
 #include "server_peers.h"
 #include "server_staging.h"
 
+struct disk_frame;
 struct server_disk;
 struct server_metrics;
 struct server_rdma;
@@ -116,7 +117,7 @@ struct server_worker {
     int runnable;                   /* some connection has work left without an event */
     int disk_fd;                    /* eventfd: frames parked for the disk may run again */
     pthread_mutex_t disk_lock;      /* guards disk_done */
-    uint64_t *disk_done;            /* serials of the connections whose keys came back */
+    struct disk_frame **disk_done;  /* frames whose keys came back (server_disk.h) */
     uint32_t ndisk_done, disk_done_cap;
     uint64_t next_serial;
     pthread_t thread;
@@ -223,7 +224,7 @@ struct server_batch {
 struct server_conn {
     int fd;
     uint64_t serial;                /* unique in its worker: disk jobs find it by this */
-    int disk_done;                  /* the frame's keys were brought back from disk */
+    struct disk_frame *disk_frame;  /* the frame's keys were brought back from disk: their pins */
     struct server_worker *worker;
     struct server_conn *prev, *next; /* the worker's list */
     enum server_conn_state state;

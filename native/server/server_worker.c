@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "server_conn.h"
+#include "server_disk.h"
 #include "server_ops.h"
 #include "server_state.h"
 #include "server_worker.h"
@@ -79,6 +80,8 @@ void server_worker_destroy(struct server_worker *w)
         close(w->disk_fd);
         pthread_mutex_destroy(&w->disk_lock);
     }
+    for (uint32_t i = 0; i < w->ndisk_done; i++)
+        server_disk_release(w->disk_done[i]);
     free(w->disk_done);
     free(w->scratch);
     gk_copy_free(&w->copies);
@@ -207,18 +210,19 @@ static void take_disk_done(struct server_worker *w)
     if (read(w->disk_fd, &count, sizeof count) < 0 && errno != EAGAIN)
         GK_WARN("disk eventfd: %s", strerror(errno));
     pthread_mutex_lock(&w->disk_lock);
-    uint64_t *done = w->disk_done;
+    struct disk_frame **done = w->disk_done;
     uint32_t n = w->ndisk_done;
     w->disk_done = NULL;
     w->ndisk_done = w->disk_done_cap = 0;
     pthread_mutex_unlock(&w->disk_lock);
     for (uint32_t i = 0; i < n; i++) {
-        for (struct server_conn *c = w->conns; c; c = c->next) {
-            if (c->serial == done[i] && c->state == CONN_WAIT_DISK) {
-                server_conn_resume_after_disk(c);
-                break;
-            }
-        }
+        struct server_conn *c = w->conns;
+        while (c && !(c->serial == server_disk_serial(done[i]) && c->state == CONN_WAIT_DISK))
+            c = c->next;
+        if (c)
+            server_conn_resume_after_disk(c, done[i]);
+        else
+            server_disk_release(done[i]);
     }
     free(done);
 }

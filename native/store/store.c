@@ -655,14 +655,8 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
          * writer may still abort, so only its own batch may count it. */
         if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
             return GDRKV_E_BUSY;
-        /* A promotion finding its key in the pool: the parked frame that
-         * wants it runs again soon, so it must not be the next object the
-         * frame's other promotions evict (they take the coldest). */
-        if (clean_only) {
-            dlink_move_head(&s->lru, &found->lru);
-            return STORE_PRESENT;
-        }
-        s->st.put_dedup++;
+        if (!clean_only)            /* a promotion is no PUT */
+            s->st.put_dedup++;
         return STORE_PRESENT;
     }
 
@@ -1069,10 +1063,22 @@ struct promotion {
     struct iovec *iov;
 };
 
+/* Pins e's committed object into *held, if the pool has it: under lock. */
+static void hold_present(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         struct store_obj **held)
+{
+    struct store_obj *o;
+    if (find_committed(s, store_ns_find(s, ns), e, &o) == 0) {
+        obj_pin(s, o);
+        *held = o;
+    }
+}
+
 /* Holds e's record on disk and reserves room for it in the pool (only by
- * evicting objects that are on disk too): 0, or -1 with nothing held. */
+ * evicting objects that are on disk too): 0, or -1 with nothing held (and
+ * the key pinned into *held if another reader brought it back first). */
 static int promote_start(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                         struct promotion *p)
+                         struct promotion *p, struct store_obj **held)
 {
     uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
     p->o = NULL;
@@ -1090,6 +1096,8 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
         struct store_obj *no_mem = NULL;
         st = reserve_one(s, ns, &space, &entry, index_key_hash(&s->objects, e->key, e->key_len),
                          &no_mem, &p->o, 0, &scan_left, 1);
+        if (st == STORE_PRESENT)
+            hold_present(s, ns, e, held);
         pthread_mutex_unlock(&s->lock);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
             break;
@@ -1110,10 +1118,10 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
     return 0;
 }
 
-/* Commits a promotion whose read succeeded (rc 0), else takes its
- * reservation back: whether the object is in the pool now. */
+/* Commits a promotion whose read succeeded (rc 0), pinned into *held,
+ * else takes its reservation back: whether the object is in the pool now. */
 static int promote_finish(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                          struct promotion *p, int rc)
+                          struct promotion *p, int rc, struct store_obj **held)
 {
     struct store_obj *o = p->o;
     uint64_t size;
@@ -1123,6 +1131,8 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
     /* Deleted from disk while it was read: it stays deleted. */
     if (rc == 0 && disk_contains(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {
         obj_commit(s, o);
+        obj_pin(s, o);
+        *held = o;
         o->on_disk = 1;
         if (s->piece_hdr)
             persist_commit(s->pool.base, store_obj_head_off(o), ++s->commit_seq);
@@ -1137,19 +1147,27 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
 }
 
 /* The keys' records are read side by side (disk_read_batch), so a frame
- * of keys costs about one read's latency, not one per key. */
+ * of keys costs about one read's latency, not one per key. The keys in
+ * the pool are pinned first, so that the promotions' evictions (or the
+ * demoter's) can't take them before the reader comes back for them. */
 uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                             uint32_t n)
+                             uint32_t n, struct store_obj **held)
 {
     uint32_t promoted = 0, k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        held[i] = NULL;
     if (!s->disk || !store_ns_name_ok(ns) || n == 0)
         return 0;
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < n; i++)
+        hold_present(s, ns, &e[i], &held[i]);
+    pthread_mutex_unlock(&s->lock);
     struct promotion *p = calloc(n, sizeof *p);
     struct disk_read_req *q = calloc(n, sizeof *q);
     uint32_t *which = calloc(n, sizeof *which);
     int32_t *status = calloc(n, sizeof *status);
     for (uint32_t i = 0; p && q && which && status && i < n; i++) {
-        if (!store_key_ok(&e[i]) || promote_start(s, ns, &e[i], &p[k]) != 0)
+        if (held[i] || !store_key_ok(&e[i]) || promote_start(s, ns, &e[i], &p[k], &held[i]) != 0)
             continue;
         q[k] = (struct disk_read_req){.loc = &p[k].loc, .ns = ns_bytes(ns), .ns_len = ns->len,
                                       .key = e[i].key, .key_len = e[i].key_len,
@@ -1159,7 +1177,8 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
     if (k)
         disk_read_batch(s->disk, q, k, status);
     for (uint32_t j = 0; j < k; j++)
-        promoted += (uint32_t)promote_finish(s, ns, &e[which[j]], &p[j], status[j]);
+        promoted += (uint32_t)promote_finish(s, ns, &e[which[j]], &p[j], status[j],
+                                             &held[which[j]]);
     free(p);
     free(q);
     free(which);

@@ -151,9 +151,12 @@ int store_has_disk(struct store *s);
 int store_disk_reads_overlap(struct store *s);
 int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                       uint32_t n);
-/* Returns how many keys it brought into the pool. */
+/* Returns how many keys it brought into the pool. held[i] is key i's
+ * object, pinned (brought back, or in the pool already), or NULL: the
+ * caller pins the keys again for its read, then lets these pins go
+ * (store_unpin_batch), so nothing evicts a key in between. */
 uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                             uint32_t n);
+                             uint32_t n, struct store_obj **held);
 
 /* The chunks of a pinned or reserved object, in order; their lens sum to the
  * object size. Valid while the pin or reservation is held. */

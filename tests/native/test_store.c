@@ -1452,10 +1452,13 @@ static int read_through(struct store *s, const char *ns, int i)
     key_n(key, sizeof key, i);
     struct gk_ns space = ns_of(ns);
     struct gk_entry e = entry_of(key, 0);
+    struct store_obj *held = NULL;
     if (store_on_disk_any(s, &space, &e, 1))
-        CHECK_EQ(store_promote_batch(s, &space, &e, 1), 1);
+        CHECK_EQ(store_promote_batch(s, &space, &e, 1, &held), 1);
     struct store_obj *o;
-    if (pin1(s, ns, key, 1, &o) != 0)
+    int rc = pin1(s, ns, key, 1, &o);
+    store_unpin_batch(s, &held, 1);
+    if (rc != 0)
         return 0;
     check_bytes(s, o, (uint64_t)i);
     unpin1(s, o);
@@ -1500,6 +1503,40 @@ static void test_disk_tier_serves_8x_the_pool(void)
             wait_demoted(s);
     }
     CHECK(found >= n * 3 / 4, "%d of %d found after the restart", found, n);
+    store_close(s);
+    remove_disk_dir();
+}
+
+/* A reader's keys stay in the pool from their promotion until it pins them
+ * itself: the promotion pins the keys it brings back and those it found
+ * there, so a burst of writes meanwhile (which evicts whatever is not
+ * pinned, on disk or not) takes neither. */
+static void test_promoted_keys_stay_until_read(void)
+{
+    struct store *s = open_with_disk(8 * MiB, 8, 1);
+    char key[32], cold[32], warm[32];
+    for (int i = 0; i < 64; i++) {
+        CHECK_EQ(put(s, "ns", key_n(key, sizeof key, i), 256 * 1024, (uint64_t)i), 0);
+        if (i % 8 == 7)
+            wait_demoted(s);
+    }
+    key_n(cold, sizeof cold, 0);        /* on disk only by now */
+    key_n(warm, sizeof warm, 63);       /* in the pool */
+    struct gk_ns space = ns_of("ns");
+    struct gk_entry e[2] = {entry_of(cold, 0), entry_of(warm, 0)};
+    struct store_obj *held[2];
+    CHECK_EQ(store_promote_batch(s, &space, e, 2, held), 1);
+    CHECK(held[0] && held[1], "held %p %p", (void *)held[0], (void *)held[1]);
+    for (int i = 100; i < 140; i++)     /* a pool's worth of writes, unpaced */
+        put(s, "ns", key_n(key, sizeof key, i), 256 * 1024, (uint64_t)i);
+    struct store_obj *o;
+    CHECK_EQ(pin1(s, "ns", cold, 1, &o), 0);
+    check_bytes(s, o, 0);
+    unpin1(s, o);
+    CHECK_EQ(pin1(s, "ns", warm, 1, &o), 0);
+    check_bytes(s, o, 63);
+    unpin1(s, o);
+    store_unpin_batch(s, held, 2);
     store_close(s);
     remove_disk_dir();
 }
@@ -1570,5 +1607,6 @@ int main(void)
     RUN(test_threads);
     RUN(test_disk_tier_serves_8x_the_pool);
     RUN(test_disk_tier_deletes_and_clears);
+    RUN(test_promoted_keys_stay_until_read);
     return check_done("test_store");
 }
