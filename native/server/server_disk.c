@@ -30,6 +30,8 @@ struct disk_frame {
     struct server_worker *worker;
     uint64_t serial;            /* the connection's */
     struct disk_job *jobs[SERVER_DISK_THREADS];
+    uint32_t n;                 /* the frame's keys */
+    struct store_obj *held[];   /* n: the keys that were in the pool at the start */
 };
 
 /* Part of a parked frame's keys: everything copied out of the connection,
@@ -86,6 +88,7 @@ void server_disk_release(struct disk_frame *f)
     if (!f)
         return;
     struct store *store = f->worker->server->store;
+    store_unpin_batch(store, f->held, f->n);
     for (uint32_t k = 0; k < f->njobs; k++) {
         if (f->jobs[k])
             store_unpin_batch(store, f->jobs[k]->held, f->jobs[k]->n);
@@ -187,18 +190,25 @@ int server_disk_park(struct server_conn *c)
     struct gdrkv_server *s = c->worker->server;
     struct server_disk *d = s->disk;
     uint32_t n = c->req.count;
-    if (!d || c->disk_frame || !store_on_disk_any(s->store, &c->ns, c->batch.entries, n))
+    if (!d || c->disk_frame)
         return 0;
+    struct disk_frame *frame = calloc(1, sizeof *frame + n * sizeof *frame->held);
+    if (!frame)
+        return 0;               /* out of memory: the keys are misses */
+    *frame = (struct disk_frame){.worker = c->worker, .serial = c->serial, .n = n};
+    /* Whatever is in the pool stays there until the frame has run, disk or
+     * not: between this look and the frame's own pins, the demoter or
+     * another reader's promotions would otherwise be free to evict it. */
+    if (!store_hold_batch(s->store, &c->ns, c->batch.entries, n, frame->held)) {
+        c->disk_frame = frame;
+        return 0;
+    }
     /* With io_uring one thread keeps a frame's reads in flight together;
      * with preads, the frame's keys are spread over the threads. */
     uint32_t njobs = store_disk_reads_overlap(s->store) ? 1 : GK_MIN((uint32_t)d->nthreads, n);
     uint32_t per_job = (n + njobs - 1) / njobs;
     njobs = (n + per_job - 1) / per_job;
-    struct disk_frame *frame = calloc(1, sizeof *frame);
-    if (!frame)
-        return 0;               /* out of memory: the keys are misses */
-    *frame = (struct disk_frame){.jobs_left = njobs, .njobs = njobs, .worker = c->worker,
-                                 .serial = c->serial};
+    frame->jobs_left = frame->njobs = njobs;
     for (uint32_t k = 0; k < njobs; k++) {
         frame->jobs[k] = job_new(c, frame, k * per_job, GK_MIN(per_job, n - k * per_job));
         if (!frame->jobs[k]) {

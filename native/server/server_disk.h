@@ -8,9 +8,11 @@
  * never waits for a disk, so in-memory hits of every other connection keep
  * flowing.
  *
- * The frame's keys found in the pool, brought back or there already, stay
- * pinned until the frame has run again and pinned them itself: nothing
- * (a promotion's eviction, the demoter) takes them in between.
+ * On a server with a disk tier, every GET and LEASE first pins the keys it
+ * finds in the pool (store_hold_batch), and the disk threads pin those
+ * they bring back: all stay pinned until the frame has run and pinned them
+ * itself, so nothing (the demoter, another reader's promotions) evicts
+ * them in between and the reader misses a key it was about to read.
  *
  * The jobs hold no pointer a worker may free: a connection closed while
  * its keys are read is looked up by its serial when the frame comes back,
@@ -31,7 +33,8 @@ int server_disk_start(struct gdrkv_server *s);
 void server_disk_stop(struct gdrkv_server *s);
 
 /* For an executing GET or LEASE: 1 when its keys went to the disk threads
- * and the connection must wait (CONN_WAIT_DISK), 0 to run it now. */
+ * and the connection must wait (CONN_WAIT_DISK), 0 to run it now (with
+ * c->disk_frame holding its keys, when the store has a disk tier). */
 int server_disk_park(struct server_conn *c);
 /* The connection a frame back from the disk threads belongs to. */
 uint64_t server_disk_serial(const struct disk_frame *f);

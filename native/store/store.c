@@ -12,16 +12,27 @@
  * recent at the head. Reservations evict from the tail when the allocator is
  * out of room; store_maintain() does the same in the background between two
  * watermarks. Pinned objects are skipped, and reserved ones are not on the
- * list at all.
+ * list at all. A read's move to the head is deferred (below).
  *
  * A pool file (persist.h) adds headers in the pool: written at
  * reservation, marked by commit, unmarked by unlink, and read back by
  * store_open after a restart. Without one, headers take no room.
  *
- * Locking: one mutex for the whole store, taken once per batch call. A batch
- * carries up to GK_MAX_KEYS keys, so the lock is paid once per batch rather
- * than per key, and what it covers is pointer and counter updates only: the
- * transports copy object bytes outside it, under a pin or a reservation.
+ * Locking: one reader-writer lock for the whole store, taken once per batch
+ * call. A batch carries up to GK_MAX_KEYS keys, so the lock is paid once per
+ * batch rather than per key, and what it covers is pointer and counter
+ * updates only: the transports copy object bytes outside it, under a pin or
+ * a reservation. Reads (EXISTS, pins, unpins) share it, so the workers'
+ * lookups run side by side; everything that links, unlinks, evicts or
+ * frees holds it alone (store_lock). Under the shared lock an object's pins
+ * and the read counters change atomically, and nothing is unlinked or
+ * freed: an unpin that leaves an unlinked object unpinned has it freed
+ * under the exclusive lock after (reap_zombies). A read's LRU move needs
+ * the list: it goes into a log instead (the touch log), which the next
+ * exclusive holder replays before anything else, so every object in the
+ * log is still alive then, and eviction sees the order reads made. When
+ * reads outrun the log between two exclusive holds, the excess reads just
+ * don't move their objects.
  */
 #include "store_state.h"
 
@@ -62,6 +73,65 @@ static void *demoter_main(void *arg);
 static void flush_to_disk(struct store *s);
 static void delete_from_disk(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                              uint32_t n, int32_t *status);
+
+/* ----------------------------------------------------------------- locks */
+
+/* Takes the lock alone, and replays the reads' LRU moves first. */
+static void store_lock(struct store *s)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    uint32_t n = GK_MIN(s->ntouched, (uint32_t)STORE_TOUCH_LOG);
+    for (uint32_t i = 0; i < n; i++)
+        dlink_move_head(&s->lru, &s->touched[i]->lru);
+    s->ntouched = 0;
+}
+
+static void store_lock_shared(struct store *s) { pthread_rwlock_rdlock(&s->lock); }
+
+static void store_unlock(struct store *s) { pthread_rwlock_unlock(&s->lock); }
+
+/* A batch's LRU moves, under the shared lock: into the touch log, whose
+ * count is the one word every reader writes, so once per batch. objs[i]
+ * may be NULL (a miss). */
+static void touch_shared(struct store *s, struct store_obj *const *objs, uint32_t n,
+                         uint32_t hits)
+{
+    uint32_t at = __atomic_fetch_add(&s->ntouched, hits, __ATOMIC_RELAXED);
+    if (at >= STORE_TOUCH_LOG || hits > STORE_TOUCH_LOG - at) {
+        /* full: the count must not wrap back into the log */
+        __atomic_store_n(&s->ntouched, STORE_TOUCH_LOG, __ATOMIC_RELAXED);
+        if (at >= STORE_TOUCH_LOG)
+            return;
+    }
+    for (uint32_t i = 0; i < n && at < STORE_TOUCH_LOG; i++) {
+        if (objs[i])
+            s->touched[at++] = objs[i];
+    }
+}
+
+/* Wakes the demoter (any lock may be held). */
+static void wake_demoter(struct store *s)
+{
+    pthread_mutex_lock(&s->demote_lock);
+    s->demote_kick = 1;
+    pthread_cond_signal(&s->demote_wake);
+    pthread_mutex_unlock(&s->demote_lock);
+}
+
+/* The demoter's sleep, holding no store lock: until woken, or ms. */
+static void demoter_sleep(struct store *s, long ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += ms * 1000000l;
+    until.tv_sec += until.tv_nsec / 1000000000l;
+    until.tv_nsec %= 1000000000l;
+    pthread_mutex_lock(&s->demote_lock);
+    if (!s->demote_kick)
+        pthread_cond_timedwait(&s->demote_wake, &s->demote_lock, &until);
+    s->demote_kick = 0;
+    pthread_mutex_unlock(&s->demote_lock);
+}
 
 /* ------------------------------------------------------------ namespaces */
 
@@ -301,21 +371,50 @@ static void obj_unlink_dropping_ns(struct store *s, struct store_obj *o)
     store_ns_drop_if_empty(s, ns);
 }
 
+/* Pins o (under either lock): whether it was unpinned. Callers under the
+ * shared lock count those into st.pinned_objects once per batch: a word
+ * every reader wrote per key would cost more than the lookups. */
+static int obj_pin_first(struct store_obj *o)
+{
+    return __atomic_fetch_add(&o->pins, 1, __ATOMIC_RELAXED) == 0;
+}
+
+/* Lets a pin go (under either lock): whether it was the last. */
+static int obj_unpin_last(struct store_obj *o)
+{
+    uint32_t left = __atomic_sub_fetch(&o->pins, 1, __ATOMIC_RELAXED);
+    assert(left != UINT32_MAX);
+    return left == 0;
+}
+
+/* Under the exclusive lock. */
 static void obj_pin(struct store *s, struct store_obj *o)
 {
-    if (o->pins++ == 0)
-        s->st.pinned_objects++;
+    s->st.pinned_objects += (uint64_t)obj_pin_first(o);
 }
 
 static void obj_unpin(struct store *s, struct store_obj *o)
 {
-    assert(o->pins > 0);
-    if (--o->pins > 0)
+    if (!obj_unpin_last(o))
         return;
     s->st.pinned_objects--;
     if (o->state == OBJ_UNLINKED) {
         dlink_remove(&o->ns_link);
         obj_free(s, o);
+    }
+}
+
+/* Frees the unlinked objects whose last pin went under the shared lock:
+ * under the exclusive lock. */
+static void reap_zombies(struct store *s)
+{
+    for (struct dlink *l = s->zombies.next, *next; l != &s->zombies; l = next) {
+        next = l->next;
+        struct store_obj *o = CONTAINER_OF(l, struct store_obj, ns_link);
+        if (o->pins == 0) {
+            dlink_remove(l);
+            obj_free(s, o);
+        }
     }
 }
 
@@ -349,7 +448,7 @@ static struct store_obj *coldest_clean(struct store *s, uint32_t *scan_left, uin
         if (!o->pins && o->on_disk)
             return o;
     }
-    pthread_cond_signal(&s->demote_wake);
+    wake_demoter(s);
     return NULL;
 }
 
@@ -465,13 +564,20 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
         snprintf(err, errlen, "out of memory");
         return GDRKV_E_INTERNAL;
     }
-    pthread_mutex_init(&s->lock, NULL);
+    /* Writers first: a steady stream of reads must not starve them. */
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&s->demote_lock, NULL);
     pthread_cond_init(&s->demote_wake, NULL);
     dlink_init(&s->ns_list);
     dlink_init(&s->lru);
     dlink_init(&s->zombies);
     s->pool.fd = s->pool.share_fd = -1;
-    if (alloc_init(&s->alloc, capacity) != 0 ||
+    s->touched = malloc(STORE_TOUCH_LOG * sizeof *s->touched);
+    if (!s->touched || alloc_init(&s->alloc, capacity) != 0 ||
         index_init(&s->objects, STORE_INDEX_BUCKETS) != 0 ||
         index_init(&s->namespaces, 0) != 0) {
         snprintf(err, errlen, "out of memory for the store's bookkeeping");
@@ -521,10 +627,10 @@ void store_close(struct store *s)
     if (!s)
         return;
     if (s->demoter_running) {
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         s->stopping = 1;
-        pthread_cond_signal(&s->demote_wake);
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
+        wake_demoter(s);
         pthread_join(s->demoter, NULL);
         flush_to_disk(s);
     }
@@ -540,8 +646,10 @@ void store_close(struct store *s)
     index_destroy(&s->namespaces);
     alloc_destroy(&s->alloc);
     pool_close(&s->pool);
+    free(s->touched);
     pthread_cond_destroy(&s->demote_wake);
-    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->demote_lock);
+    pthread_rwlock_destroy(&s->lock);
     free(s);
 }
 
@@ -566,34 +674,46 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
                      uint64_t *sizes)
 {
     struct lookups l;
+    uint32_t hits = 0, first_pins = 0;
     hash_keys(s, &l, e, n);
-    pthread_mutex_lock(&s->lock);
+    store_lock_shared(s);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
         status[i] = find_hashed(s, space, &l, e, i, n, &o);
         objs[i] = o;
         sizes[i] = o ? o->size : 0;
-        if (!o) {
-            s->st.misses++;
+        if (!o)
             continue;
-        }
-        s->st.hits++;
-        obj_pin(s, o);
-        if (touch)
-            dlink_move_head(&s->lru, &o->lru);
+        hits++;
+        first_pins += (uint32_t)obj_pin_first(o);
     }
-    pthread_mutex_unlock(&s->lock);
+    if (touch && hits)
+        touch_shared(s, objs, n, hits);
+    __atomic_add_fetch(&s->st.pinned_objects, first_pins, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->st.hits, hits, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->st.misses, n - hits, __ATOMIC_RELAXED);
+    store_unlock(s);
 }
 
 void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    int reap = 0;
+    uint32_t last_pins = 0;
+    store_lock_shared(s);
     for (uint32_t i = 0; i < n; i++) {
-        if (objs[i])
-            obj_unpin(s, objs[i]);
+        if (objs[i] && obj_unpin_last(objs[i])) {
+            last_pins++;
+            reap |= objs[i]->state == OBJ_UNLINKED;
+        }
     }
-    pthread_mutex_unlock(&s->lock);
+    __atomic_sub_fetch(&s->st.pinned_objects, last_pins, __ATOMIC_RELAXED);
+    store_unlock(s);
+    if (reap) {
+        store_lock(s);
+        reap_zombies(s);
+        store_unlock(s);
+    }
 }
 
 void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
@@ -601,7 +721,7 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
 {
     struct lookups l;
     hash_keys(s, &l, e, n);
-    pthread_mutex_lock(&s->lock);
+    store_lock_shared(s);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
@@ -611,7 +731,7 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
             disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
             status[i] = 0;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
 }
 
 /* ----------------------------------------------------------- write path */
@@ -714,7 +834,7 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
     struct reserve_prep prep;
     if (name_ok)
         prepare_reserve(s, ns, e, n, &prep);
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     struct store_ns *space = name_ok ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         objs[i] = NULL;
@@ -722,7 +842,7 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
                                           objs, i, &scan_left, 0)
                             : GDRKV_E_INVALID;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     for (uint32_t i = 0; name_ok && i < n; i++)
         free(prep.mem[i]);
     /* Outside the lock: a reservation is its writer's alone (nothing evicts
@@ -735,7 +855,7 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
 
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (!objs[i])
             continue;
@@ -744,25 +864,25 @@ void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
             persist_commit(s->pool.base, store_obj_head_off(objs[i]), ++s->commit_seq);
         s->st.puts++;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
 }
 
 void store_abort_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (!objs[i])
             continue;
         assert(objs[i]->state == OBJ_RESERVED);
         obj_unlink_dropping_ns(s, objs[i]);
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
 }
 
 void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                         uint32_t n, int32_t *status)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
@@ -774,14 +894,14 @@ void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk
     }
     if (space)
         store_ns_drop_if_empty(s, space);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     delete_from_disk(s, ns, e, n, status);
 }
 
 uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
 {
     uint64_t cleared = 0;
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     struct store_ns *space = store_ns_name_ok(ns) ? store_ns_find(s, ns) : NULL;
     if (space) {
         struct dlink *l = space->objs.next;
@@ -797,13 +917,13 @@ uint64_t store_clear_ns(struct store *s, const struct gk_ns *ns)
         s->st.deletes += cleared;
         store_ns_drop_if_empty(s, space);
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     if (s->disk && store_ns_name_ok(ns)) {
         uint64_t on_disk = disk_clear_ns(s->disk, ns_bytes(ns), ns->len);
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         s->st.deletes += on_disk;
-        pthread_cond_signal(&s->demote_wake);
-        pthread_mutex_unlock(&s->lock);
+        wake_demoter(s);
+        store_unlock(s);
         cleared += on_disk;
     }
     return cleared;
@@ -953,42 +1073,39 @@ static void *demoter_main(void *arg)
 {
     struct store *s = arg;
     struct demotion *b = calloc(1, sizeof *b);
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     while (b && !s->stopping) {
         /* Deletes first: their records must not outlive a restart. */
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
         disk_bury(s->disk);
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         if (s->alloc.used_bytes > s->high_bytes)
             s->draining = 1;
         if (s->alloc.used_bytes <= s->low_bytes)
             s->draining = 0;
         pick_cold(s, b, s->draining);
         if (b->n == 0) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += DEMOTE_IDLE_MS * 1000000l;
-            until.tv_sec += until.tv_nsec / 1000000000l;
-            until.tv_nsec %= 1000000000l;
-            pthread_cond_timedwait(&s->demote_wake, &s->lock, &until);
+            store_unlock(s);
+            demoter_sleep(s, DEMOTE_IDLE_MS);
+            store_lock(s);
             continue;
         }
         int described = describe(s, b) == 0;
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
         if (described)
             disk_put_batch(s->disk, b->items, b->n, b->status);
         else
             for (uint32_t i = 0; i < b->n; i++)
                 b->status[i] = GDRKV_E_INTERNAL;
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         settle(s, b);
         if (b->dead_len) {
-            pthread_mutex_unlock(&s->lock);
+            store_unlock(s);
             delete_dead(s, b);
-            pthread_mutex_lock(&s->lock);
+            store_lock(s);
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     if (b) {
         free(b->iov);
         free(b->dead);
@@ -1037,21 +1154,27 @@ int store_has_disk(struct store *s) { return s->disk != NULL; }
 
 int store_disk_reads_overlap(struct store *s) { return s->disk && uring_available(); }
 
-int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                      uint32_t n)
+int store_hold_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                     uint32_t n, struct store_obj **held)
 {
     int any = 0;
+    uint32_t first_pins = 0;
     uint64_t size;
+    for (uint32_t i = 0; i < n; i++)
+        held[i] = NULL;
     if (!s->disk || !store_ns_name_ok(ns))
         return 0;
-    pthread_mutex_lock(&s->lock);
+    store_lock_shared(s);
     struct store_ns *space = store_ns_find(s, ns);
-    for (uint32_t i = 0; i < n && !any; i++) {
-        struct store_obj *o;
-        any = find_committed(s, space, &e[i], &o) == GDRKV_E_NOT_FOUND &&
-              disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &size);
+    for (uint32_t i = 0; i < n; i++) {
+        if (find_committed(s, space, &e[i], &held[i]) == 0)
+            first_pins += (uint32_t)obj_pin_first(held[i]);
+        else
+            any |= store_key_ok(&e[i]) &&
+                   disk_contains(s->disk, ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &size);
     }
-    pthread_mutex_unlock(&s->lock);
+    __atomic_add_fetch(&s->st.pinned_objects, first_pins, __ATOMIC_RELAXED);
+    store_unlock(s);
     return any;
 }
 
@@ -1091,23 +1214,23 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
      * key too (two TP ranks read the same MLA page at once). Anything else
      * but a fresh reservation (the key is back, no room): nothing to do. */
     for (int waited = 0;; waited++) {
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         struct store_ns *space = store_ns_find(s, ns);
         struct store_obj *no_mem = NULL;
         st = reserve_one(s, ns, &space, &entry, index_key_hash(&s->objects, e->key, e->key_len),
                          &no_mem, &p->o, 0, &scan_left, 1);
         if (st == STORE_PRESENT)
             hold_present(s, ns, e, held);
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
         if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
             break;
         usleep(1000);
     }
     p->iov = st == 0 ? malloc((p->o->nchunks ? p->o->nchunks : 1) * sizeof *p->iov) : NULL;
     if (st == 0 && !p->iov) {
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         obj_unlink_dropping_ns(s, p->o);
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
     }
     if (!p->iov) {
         disk_release(s->disk, &p->loc);
@@ -1127,7 +1250,7 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
     uint64_t size;
     disk_release(s->disk, &p->loc);
     free(p->iov);
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     /* Deleted from disk while it was read: it stays deleted. */
     if (rc == 0 && disk_contains(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {
         obj_commit(s, o);
@@ -1142,7 +1265,7 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
         obj_unlink_dropping_ns(s, o);
         rc = GDRKV_E_NOT_FOUND;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return rc == 0;
 }
 
@@ -1158,10 +1281,10 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
         held[i] = NULL;
     if (!s->disk || !store_ns_name_ok(ns) || n == 0)
         return 0;
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (uint32_t i = 0; i < n; i++)
         hold_present(s, ns, &e[i], &held[i]);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     struct promotion *p = calloc(n, sizeof *p);
     struct disk_read_req *q = calloc(n, sizeof *q);
     uint32_t *which = calloc(n, sizeof *which);
@@ -1201,10 +1324,10 @@ static void delete_from_disk(struct store *s, const struct gk_ns *ns, const stru
         }
     }
     if (deleted) {
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         s->st.deletes += deleted;
-        pthread_cond_signal(&s->demote_wake);
-        pthread_mutex_unlock(&s->lock);
+        wake_demoter(s);
+        store_unlock(s);
     }
 }
 
@@ -1215,14 +1338,14 @@ uint64_t store_maintain(struct store *s)
     uint64_t evicted = 0;
     int more = 1;
     if (s->disk) {
-        pthread_cond_signal(&s->demote_wake);
+        wake_demoter(s);
         return 0;
     }
     /* In rounds, letting go of the lock in between: the clients' batches
      * get in while the background drains a pool down to low_bytes. */
     for (int round = 0; more && round < STORE_EVICT_ROUNDS_PER_CALL; round++) {
         uint32_t scan_left = STORE_EVICT_ROUND;
-        pthread_mutex_lock(&s->lock);
+        store_lock(s);
         if (s->alloc.used_bytes > s->high_bytes)
             s->draining = 1;
         while (s->draining && s->alloc.used_bytes > s->low_bytes && evict_lru(s, &scan_left, 0))
@@ -1230,7 +1353,7 @@ uint64_t store_maintain(struct store *s)
         if (s->alloc.used_bytes <= s->low_bytes)
             s->draining = 0;
         more = s->draining && scan_left == 0;
-        pthread_mutex_unlock(&s->lock);
+        store_unlock(s);
     }
     return evicted;
 }
@@ -1238,7 +1361,7 @@ uint64_t store_maintain(struct store *s)
 uint32_t store_each_namespace(struct store *s, uint32_t max, store_ns_fn *fn, void *arg)
 {
     uint32_t n = 0;
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (struct dlink *l = s->ns_list.next; l != &s->ns_list && n < max; l = l->next) {
         const struct store_ns *ns = CONTAINER_OF(l, struct store_ns, all);
         if (ns->objects) {
@@ -1246,16 +1369,16 @@ uint32_t store_each_namespace(struct store *s, uint32_t max, store_ns_fn *fn, vo
             n++;
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return n;
 }
 
 void store_get_stats(struct store *s, struct store_stats *out)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     *out = s->st;
     out->pool_used_bytes = s->alloc.used_bytes;
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     if (s->disk) {
         struct store_disk_stats d;
         disk_get_stats(s->disk, &d);

@@ -141,16 +141,20 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
 /*
  * Disk tier. A key absent from the pool may be on disk: EXISTS says so, and
  * a reader first has it promoted (read back into the pool), which costs
- * disk I/O and so runs off the network workers: store_on_disk_any() says
- * whether a batch needs it, store_promote_batch() does it (blocking), then
- * store_pin_batch() finds the keys in the pool.
+ * disk I/O and so runs off the network workers: store_hold_batch() pins
+ * the batch's keys in the pool and says whether the others need it,
+ * store_promote_batch() does it (blocking), then store_pin_batch() finds
+ * the keys in the pool. The holds keep every key found there, before and
+ * after the disk, from being evicted until the reader has its own pins.
  */
 int store_has_disk(struct store *s);
 /* Whether one store_promote_batch call keeps its keys' reads in flight side
  * by side (io_uring), so that a caller need not spread keys over threads. */
 int store_disk_reads_overlap(struct store *s);
-int store_on_disk_any(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                      uint32_t n);
+/* Pins the keys in the pool into held[i] (NULL for the others, and for
+ * all without a disk tier): whether any of the others is on disk. */
+int store_hold_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                     uint32_t n, struct store_obj **held);
 /* Returns how many keys it brought into the pool. held[i] is key i's
  * object, pinned (brought back, or in the pool already), or NULL: the
  * caller pins the keys again for its read, then lets these pins go

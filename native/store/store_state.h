@@ -75,7 +75,7 @@ struct store_obj {
     struct dlink ns_link;       /* in ns->objs; once unlinked, in store.zombies */
     struct store_ns *ns;        /* NULL once unlinked */
     uint64_t size;
-    uint32_t pins;
+    uint32_t pins;              /* atomic: readers pin under the shared lock */
     uint32_t nchunks;           /* chunks held; all of them once reserved */
     uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
     int on_disk;                /* the disk tier holds a copy: evicting it loses nothing */
@@ -83,8 +83,11 @@ struct store_obj {
     struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
 
+/* Reads' LRU moves, deferred (store.c "Locking"). */
+#define STORE_TOUCH_LOG 65536
+
 struct store {
-    pthread_mutex_t lock;
+    pthread_rwlock_t lock;
     struct pool pool;
     struct alloc alloc;
     struct index objects;
@@ -92,6 +95,8 @@ struct store {
     struct dlink ns_list;
     struct dlink lru;           /* head = most recently used */
     struct dlink zombies;       /* unlinked objects still pinned */
+    struct store_obj **touched; /* STORE_TOUCH_LOG: objects read since the last exclusive hold */
+    uint32_t ntouched;          /* atomic; may run past STORE_TOUCH_LOG (the rest is dropped) */
     uint64_t last_ns_id;
     uint64_t high_bytes, low_bytes;
     int draining;               /* above high, not yet back to low */
@@ -100,7 +105,9 @@ struct store {
     struct store_stats st;      /* pool_* and hugepages filled in on read */
     struct disk_tier *disk;     /* NULL without a disk tier */
     pthread_t demoter;          /* writes cold objects to disk, then evicts them */
+    pthread_mutex_t demote_lock; /* with demote_wake and demote_kick only */
     pthread_cond_t demote_wake;
+    int demote_kick;            /* work for the demoter: a wake-up not yet seen */
     int demoter_running, stopping;
 };
 

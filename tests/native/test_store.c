@@ -1452,11 +1452,12 @@ static int read_through(struct store *s, const char *ns, int i)
     key_n(key, sizeof key, i);
     struct gk_ns space = ns_of(ns);
     struct gk_entry e = entry_of(key, 0);
-    struct store_obj *held = NULL;
-    if (store_on_disk_any(s, &space, &e, 1))
+    struct store_obj *present, *held = NULL;
+    if (store_hold_batch(s, &space, &e, 1, &present))
         CHECK_EQ(store_promote_batch(s, &space, &e, 1, &held), 1);
     struct store_obj *o;
     int rc = pin1(s, ns, key, 1, &o);
+    store_unpin_batch(s, &present, 1);
     store_unpin_batch(s, &held, 1);
     if (rc != 0)
         return 0;
