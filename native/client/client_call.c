@@ -128,14 +128,15 @@ static void add_frame(struct planner *pl, uint32_t first, uint32_t count, uint64
     pl->key_off += key_bytes;
 }
 
-/* Cuts positions [first, end) into frames, each as large as the limits on
- * keys, body and payload per frame allow. */
 /* Whether the server's PUT frames most likely go through shm staging: it
  * has a unix socket. (Over tcp after all, they are merely smaller.) */
 static int shm_put(const struct planner *pl, uint32_t server)
 {
     return pl->b->opcode == GK_OP_PUT && pl->client->servers[server].ep.unix_path[0];
 }
+
+/* Cuts positions [first, end) into frames, each as large as the limits on
+ * keys, body and payload per frame allow. */
 
 static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint32_t end)
 {
@@ -289,8 +290,12 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
             k->results[i] = rc;
             t->server[i] = NO_SERVER;
         } else {
-            uint64_t hash = route_key_hash(k->keys + key_off, k->key_lens[i]);
-            uint32_t s = route_pick(hash, c->seeds, c->nservers);
+            /* One server: nothing to choose, and hashing every key of a
+             * small-page batch costs as long as the server's lookups. */
+            uint32_t s = c->nservers == 1
+                             ? 0
+                             : route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]),
+                                          c->seeds, c->nservers);
             t->server[i] = s;
             t->shares[s].count++;
             t->shares[s].key_bytes += k->key_lens[i];
