@@ -35,6 +35,9 @@
  * 16 MiB slots at 0.6x. (A single object larger than this is a frame.) */
 #define CLIENT_SHM_PUT_FRAME_BYTES (1u << 20)
 
+/* The first frame of a GPU GET carries this part of its stripe's bytes. */
+#define CLIENT_GPU_FIRST_FRAME_PART 8
+
 #define NO_SERVER UINT32_MAX
 
 /* One server's part in a call. */
@@ -136,9 +139,10 @@ static int shm_put(const struct planner *pl, uint32_t server)
 }
 
 /* Cuts positions [first, end) into frames, each as large as the limits on
- * keys, body and payload per frame allow. */
-
-static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint32_t end)
+ * keys, body and payload per frame allow (the first, at most first_cap
+ * value bytes). */
+static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint32_t end,
+                       uint64_t first_cap)
 {
     const struct client_batch *b = pl->b;
     uint32_t p = first;
@@ -153,6 +157,7 @@ static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint
     while (p < end) {
         uint32_t start = p;
         uint64_t body = 1 + (uint64_t)b->ns->len, values = 0, key_bytes = 0;
+        uint64_t cap = p == first ? GK_MIN(max_payload, first_cap) : max_payload;
         do {
             body += GK_ENTRY_HDR_SIZE + b->key_lens[p];
             key_bytes += b->key_lens[p];
@@ -160,7 +165,7 @@ static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint
             p++;
         } while (p < end && p - start < GK_MAX_KEYS &&
                  body + GK_ENTRY_HDR_SIZE + b->key_lens[p] <= GK_MAX_BODY &&
-                 values + b->sizes[p] <= max_payload);
+                 values + b->sizes[p] <= cap);
         add_frame(pl, start, p - start, body, b->opcode == GK_OP_PUT ? values : 0, key_bytes);
     }
 }
@@ -196,7 +201,13 @@ static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uin
             done += b->sizes[p++];
         while (p < last && done < goal);
         add_job(pl, server);
-        cut_frames(pl, server, start, p);
+        /* A GPU GET's first frame is small: its answer is back, and its
+         * copy running, while the other stripes are still being sent and
+         * looked up, instead of the GPU idling until a whole stripe is. */
+        uint64_t first_cap = pl->nframes == 0 && b->gpu && b->opcode == GK_OP_GET
+                                 ? GK_MAX(1, bytes / stripes / CLIENT_GPU_FIRST_FRAME_PART)
+                                 : UINT64_MAX;
+        cut_frames(pl, server, start, p, first_cap);
     }
 }
 

@@ -136,10 +136,47 @@ static void fail_active(struct gdrkv_client *c, struct client_call *call, int er
             fail_job(c, call, &call->jobs[j], err, why);
 }
 
+/* Sets up call->pollfds for jobs [0, n): how many are active, and how many
+ * of those busy (a GPU copy to poll for, not a socket). */
+static uint32_t watch_jobs(struct client_call *call, uint32_t n, uint32_t *busy)
+{
+    uint32_t active = 0;
+    *busy = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        struct client_job *job = &call->jobs[j];
+        struct pollfd *pfd = &call->pollfds[j];
+        /* poll() skips negative fds: finished and failed jobs. */
+        pfd->fd = job_active(job) ? job->conn->fd : -1;
+        pfd->events = pfd->fd >= 0 ? client_conn_events(job->conn) : 0;
+        pfd->revents = 0;
+        active += pfd->fd >= 0;
+        *busy += pfd->fd >= 0 && client_conn_busy(job->conn);
+    }
+    return active;
+}
+
+/* Steps the jobs [0, n) that can go on now, without waiting. */
+static void step_ready(struct gdrkv_client *c, struct client_call *call, uint32_t n)
+{
+    uint32_t busy;
+    if (!watch_jobs(call, n, &busy) || (poll(call->pollfds, n, 0) <= 0 && !busy))
+        return;
+    for (uint32_t j = 0; j < n; j++) {
+        struct client_job *job = &call->jobs[j];
+        if (call->pollfds[j].revents || (job_active(job) && client_conn_busy(job->conn)))
+            step(c, call, job);
+    }
+}
+
 static void drive(struct gdrkv_client *c, struct client_call *call)
 {
+    /* Between two jobs' first frames, the answers already back are taken:
+     * a GPU GET's first frame is small (client_call.c) so that its copy
+     * starts while the other frames are still going out. */
     for (uint32_t j = 0; j < call->njobs; j++) {
         struct client_job *job = &call->jobs[j];
+        if (j > 0)
+            step_ready(c, call, j);
         if (job->conn) {
             client_conn_start(job->conn, &call->batch, &job->frames[0]);
             step(c, call, job);
@@ -147,17 +184,8 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
     }
     for (;;) {
         uint64_t connect_deadline = expire_connects(c, call, gk_now_ns());
-        uint32_t active = 0, busy = 0;
-        for (uint32_t j = 0; j < call->njobs; j++) {
-            struct client_job *job = &call->jobs[j];
-            struct pollfd *pfd = &call->pollfds[j];
-            /* poll() skips negative fds: finished and failed jobs. */
-            pfd->fd = job_active(job) ? job->conn->fd : -1;
-            pfd->events = pfd->fd >= 0 ? client_conn_events(job->conn) : 0;
-            pfd->revents = 0;
-            active += pfd->fd >= 0;
-            busy += pfd->fd >= 0 && client_conn_busy(job->conn);
-        }
+        uint32_t busy;
+        uint32_t active = watch_jobs(call, call->njobs, &busy);
         if (!active)
             return;
         int ms = gk_poll_ms_left(call->deadline_ns);
