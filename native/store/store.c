@@ -65,7 +65,8 @@
 #define DEMOTE_BATCH_BYTES (64ull << 20)
 #define DEMOTE_SCAN 4096
 #define DEMOTE_IDLE_MS 100
-/* How long a promotion waits for another one of the same key to commit. */
+/* How long a batch of promotions waits, over all its keys, for another
+ * reader's promotion of the same key to commit or for room. */
 #define PROMOTE_WAIT_MS 5000
 
 /* The disk tier's half (below), used from the lifecycle and write path. */
@@ -796,7 +797,8 @@ static int32_t reserve_one(struct store *s, const struct gk_ns *ns, struct store
         obj_unlink(s, o);
         if (store_ns_drop_if_empty(s, *space))
             *space = NULL;
-        s->st.put_no_space++;
+        if (!clean_only)            /* a promotion is no PUT */
+            s->st.put_no_space++;
         return GDRKV_E_NO_SPACE;
     }
     objs[i] = o;
@@ -1201,9 +1203,8 @@ static void hold_present(struct store *s, const struct gk_ns *ns, const struct g
  * evicting objects that are on disk too): 0, or -1 with nothing held (and
  * the key pinned into *held if another reader brought it back first). */
 static int promote_start(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                         struct promotion *p, struct store_obj **held)
+                         struct promotion *p, struct store_obj **held, uint64_t deadline_ns)
 {
-    uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
     p->o = NULL;
     if (disk_lookup(s->disk, ns_bytes(ns), ns->len, e->key, e->key_len, &p->loc) != 0)
         return -1;
@@ -1211,9 +1212,13 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
     int32_t st;
     /* Another reader promoting the same key (or a writer writing it) holds
      * a reservation: wait for its commit, so that this reader finds the
-     * key too (two TP ranks read the same MLA page at once). Anything else
-     * but a fresh reservation (the key is back, no room): nothing to do. */
-    for (int waited = 0;; waited++) {
+     * key too (two TP ranks read the same MLA page at once). No object in
+     * the pool has a copy on disk to make room (a restart's pool file
+     * holds none yet, a burst of writes is not written yet): wait for the
+     * demoter to write some. Anything else (the key is back, or will
+     * never fit): nothing to do. */
+    for (;;) {
+        uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
         store_lock(s);
         struct store_ns *space = store_ns_find(s, ns);
         struct store_obj *no_mem = NULL;
@@ -1222,8 +1227,10 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
         if (st == STORE_PRESENT)
             hold_present(s, ns, e, held);
         store_unlock(s);
-        if (st != GDRKV_E_BUSY || waited == PROMOTE_WAIT_MS)
+        if ((st != GDRKV_E_BUSY && st != GDRKV_E_NO_SPACE) || gk_now_ns() >= deadline_ns)
             break;
+        if (st == GDRKV_E_NO_SPACE)
+            wake_demoter(s);
         usleep(1000);
     }
     p->iov = st == 0 ? malloc((p->o->nchunks ? p->o->nchunks : 1) * sizeof *p->iov) : NULL;
@@ -1289,8 +1296,10 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
     struct disk_read_req *q = calloc(n, sizeof *q);
     uint32_t *which = calloc(n, sizeof *which);
     int32_t *status = calloc(n, sizeof *status);
+    uint64_t deadline_ns = gk_now_ns() + PROMOTE_WAIT_MS * 1000000ull;
     for (uint32_t i = 0; p && q && which && status && i < n; i++) {
-        if (held[i] || !store_key_ok(&e[i]) || promote_start(s, ns, &e[i], &p[k], &held[i]) != 0)
+        if (held[i] || !store_key_ok(&e[i]) ||
+            promote_start(s, ns, &e[i], &p[k], &held[i], deadline_ns) != 0)
             continue;
         q[k] = (struct disk_read_req){.loc = &p[k].loc, .ns = ns_bytes(ns), .ns_len = ns->len,
                                       .key = e[i].key, .key_len = e[i].key_len,
