@@ -250,6 +250,26 @@ def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mod
         assert launches == 1 and engine_calls == 0
 
 
+def test_striped_gpu_get_starts_with_a_small_frame(torch, server, make_client):
+    """A GET striped over 4 connections sends its first stripe's first
+    eighth as a frame of its own (its copy starts while the other stripes
+    are still looked up): 4 stripes of 64 pages, the first cut 8 + 56, so
+    5 frames and 5 launches, and every page lands where it belongs."""
+    client = client_for(make_client, server, "shm", gpu_copy="kernel", conns=4)
+    size, count = 4096, 256
+    keys = [f"striped-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * count
+    dest = gpu_buffer(torch, 2 * count * size)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), size, count, seed=5)
+    before = client.stats()["client"]
+    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+    after = client.stats()["client"]
+    assert read_gpu(torch, dest, ptrs, size) == values
+    assert after["gpu_kernel_launches"] - before["gpu_kernel_launches"] == 5
+
+
 def test_gpu_copy_alone(torch):
     """gdrkv.gpu.copy: scattered pinned host <-> GPU pieces, every mode."""
     size, count = 4096 + 512, 64

@@ -201,10 +201,12 @@ static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uin
             done += b->sizes[p++];
         while (p < last && done < goal);
         add_job(pl, server);
-        /* A GPU GET's first frame is small: its answer is back, and its
-         * copy running, while the other stripes are still being sent and
-         * looked up, instead of the GPU idling until a whole stripe is. */
-        uint64_t first_cap = pl->nframes == 0 && b->gpu && b->opcode == GK_OP_GET
+        /* A striped GPU GET's first frame is small: its answer is back,
+         * and its copy running, while the other stripes are still being
+         * sent and looked up, instead of the GPU idling until a whole
+         * stripe is. (Alone on one connection, it would only add a round
+         * trip before the rest.) */
+        uint64_t first_cap = pl->nframes == 0 && stripes > 1 && b->gpu && b->opcode == GK_OP_GET
                                  ? GK_MAX(1, bytes / stripes / CLIENT_GPU_FIRST_FRAME_PART)
                                  : UINT64_MAX;
         cut_frames(pl, server, start, p, first_cap);
