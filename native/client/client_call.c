@@ -347,9 +347,23 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
 /* Copies the keys of admitted servers into their groups; the keys of
  * refused servers fail here. */
 static void gather_keys(const struct client_keys *k, const struct key_tables *t,
-                        struct client_batch *b)
+                        uint32_t nservers, struct client_batch *b)
 {
     uint64_t seg = 0, key_off = 0;
+
+    /* One server taking every key: its group is the caller's order, so
+     * the keys and their lengths move in one copy each. */
+    if (nservers == 1 && t->shares[0].admitted && t->shares[0].count == k->n) {
+        memcpy(b->keys, k->keys, t->shares[0].key_bytes);
+        memcpy(b->key_lens, k->key_lens, k->n * sizeof *b->key_lens);
+        memcpy(b->sizes, t->size, k->n * sizeof *b->sizes);
+        for (uint32_t i = 0; i < k->n; i++) {
+            b->index[i] = i;
+            b->first_seg[i] = seg;
+            seg += k->seg_counts ? k->seg_counts[i] : 0;
+        }
+        return;
+    }
 
     for (uint32_t i = 0; i < k->n; i++) {
         uint32_t s = t->server[i];
@@ -416,7 +430,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
         b->seg_ptrs = b->gpu->ptrs;
     route_keys(c, k, &t);
     uint32_t nsend = admit_servers(c, t.shares, start);
-    gather_keys(k, &t, b);
+    gather_keys(k, &t, c->nservers, b);
     rc = plan(c, &call, t.shares);
     if (rc == 0)
         client_run(c, &call);
