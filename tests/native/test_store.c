@@ -23,6 +23,7 @@
 #include "common/common.h"
 #include "gdrkv.h"
 #include "store/store.h"
+#include "store/store_state.h"  /* STORE_TOUCH_LOG */
 
 #define MiB (1ull << 20)
 
@@ -401,6 +402,39 @@ static void test_reserved_is_invisible(void)
     CHECK_EQ(st.namespaces, 1);
     CHECK_EQ(reserve1(s, "other", "a", 10, &o), 0);
     store_abort_batch(s, &o, 1);
+    store_close(s);
+}
+
+/* Reads under the shared lock log their LRU moves; the next exclusive
+ * holder replays them. Reads beyond the log's STORE_TOUCH_LOG entries
+ * before that are dropped, without harm: the logged moves still happen in
+ * order, and the store goes on. */
+static void test_touch_log_overflow(void)
+{
+    struct store *s = open_store(8 * MiB);
+    char key[32];
+    struct store_obj *o;
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(put(s, "", key_n(key, sizeof key, i), MiB, (uint64_t)i), 0);
+    CHECK_EQ(pin1(s, "", "key-0", 1, &o), 0);
+    unpin1(s, o);
+    for (int i = 0; i < STORE_TOUCH_LOG + 5000; i++) {
+        CHECK_EQ(pin1(s, "", "key-1", 1, &o), 0);
+        unpin1(s, o);
+    }
+    CHECK_EQ(put(s, "", "key-8", MiB, 8), 0);       /* replays, then evicts key-2 */
+    CHECK(present(s, "", "key-0") && present(s, "", "key-1"), "a logged read was lost");
+    CHECK(!present(s, "", "key-2"), "the least recently used object survived");
+    for (int i = 0; i < STORE_TOUCH_LOG + 5000; i++) {
+        CHECK_EQ(pin1(s, "", "key-3", 1, &o), 0);
+        unpin1(s, o);
+    }
+    CHECK_EQ(put(s, "", "key-9", MiB, 9), 0);
+    CHECK(present(s, "", "key-3"), "a read in a full log moved nothing");
+    struct store_stats st = stats_of(s);
+    CHECK_EQ(st.objects, 8);
+    CHECK_EQ(st.evictions, 2);
+    CHECK_EQ(st.pinned_objects, 0);
     store_close(s);
 }
 
@@ -1589,6 +1623,7 @@ int main(void)
     RUN(test_put_if_absent);
     RUN(test_reserved_is_invisible);
     RUN(test_lru_order);
+    RUN(test_touch_log_overflow);
     RUN(test_pins_block_eviction);
     RUN(test_failed_reservation_rolls_back);
     RUN(test_reservations_not_evictable);
