@@ -2,11 +2,11 @@
  * server_disk.h - reads that wait for the disk tier. A GET or LEASE of keys
  * that are on disk only is parked: its namespace and keys, copied, go to
  * the server's disk threads, which read them back into the pool
- * (store_promote_batch) and post the connection's serial to the worker
- * that owns it (its disk_done list and disk_fd); that worker then runs the
- * frame again and finds them there (server_worker.c). A network worker
- * never waits for a disk, so in-memory hits of every other connection keep
- * flowing.
+ * (store_promote_batch) and hand the frame, which names its connection by
+ * serial, to the worker that owns it (its disk_done list and disk_fd);
+ * that worker then runs the frame again and finds them there
+ * (server_worker.c). A network worker never waits for a disk, so in-memory
+ * hits of every other connection keep flowing.
  *
  * On a server with a disk tier, every GET and LEASE first pins the keys it
  * finds in the pool (store_hold_batch), and the disk threads pin those
