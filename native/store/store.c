@@ -1284,14 +1284,9 @@ uint32_t store_promote_batch(struct store *s, const struct gk_ns *ns, const stru
                              uint32_t n, struct store_obj **held)
 {
     uint32_t promoted = 0, k = 0;
-    for (uint32_t i = 0; i < n; i++)
-        held[i] = NULL;
+    store_hold_batch(s, ns, e, n, held);
     if (!s->disk || !store_ns_name_ok(ns) || n == 0)
         return 0;
-    store_lock(s);
-    for (uint32_t i = 0; i < n; i++)
-        hold_present(s, ns, &e[i], &held[i]);
-    store_unlock(s);
     struct promotion *p = calloc(n, sizeof *p);
     struct disk_read_req *q = calloc(n, sizeof *q);
     uint32_t *which = calloc(n, sizeof *which);
