@@ -155,17 +155,23 @@ static uint32_t watch_jobs(struct client_call *call, uint32_t n, uint32_t *busy)
     return active;
 }
 
-/* Steps the jobs [0, n) that can go on now, without waiting. */
-static void step_ready(struct gdrkv_client *c, struct client_call *call, uint32_t n)
+/* After poll(): steps the jobs [0, n) whose socket is ready or whose GPU
+ * copy is to be polled. */
+static void step_polled(struct gdrkv_client *c, struct client_call *call, uint32_t n)
 {
-    uint32_t busy;
-    if (!watch_jobs(call, n, &busy) || (poll(call->pollfds, n, 0) <= 0 && !busy))
-        return;
     for (uint32_t j = 0; j < n; j++) {
         struct client_job *job = &call->jobs[j];
         if (call->pollfds[j].revents || (job_active(job) && client_conn_busy(job->conn)))
             step(c, call, job);
     }
+}
+
+/* Steps the jobs [0, n) that can go on now, without waiting. */
+static void step_ready(struct gdrkv_client *c, struct client_call *call, uint32_t n)
+{
+    uint32_t busy;
+    if (watch_jobs(call, n, &busy) && (poll(call->pollfds, n, 0) > 0 || busy))
+        step_polled(c, call, n);
 }
 
 static void drive(struct gdrkv_client *c, struct client_call *call)
@@ -203,11 +209,7 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
             fail_active(c, call, GDRKV_E_INTERNAL, "poll failed");
             return;
         }
-        for (uint32_t j = 0; j < call->njobs; j++) {
-            struct client_job *job = &call->jobs[j];
-            if (call->pollfds[j].revents || (job_active(job) && client_conn_busy(job->conn)))
-                step(c, call, job);
-        }
+        step_polled(c, call, call->njobs);
     }
 }
 
