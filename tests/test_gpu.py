@@ -227,23 +227,29 @@ def test_gpu_put_over_shm_never_crosses_the_socket(torch, server_factory, make_c
     assert moved == count * size
 
 
-@pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
-def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
-    # One connection: the batch is one frame (more would stripe it).
-    client = client_for(make_client, server, "shm", gpu_copy=mode, conns=1)
-    size, count = 4096, 256
-    keys = [f"modes-{i}" for i in range(count)]
+def get_pages_into_gpu(torch, client, prefix, seed, size=4096, count=256):
+    """Stores count pages, reads them back in one batch into scattered GPU
+    pages and checks every byte: the client's counters the GET moved
+    (gpu_kernel_launches, gpu_copy_engine_calls)."""
+    keys = [f"{prefix}-{i}" for i in range(count)]
     values = [content(k, size) for k in keys]
     assert batch_put_bytes(client, keys, values) == [0] * count
     dest = gpu_buffer(torch, 2 * count * size)
     client.register(dest)
-    ptrs = scattered(dest.data_ptr(), size, count, seed=3)
+    ptrs = scattered(dest.data_ptr(), size, count, seed=seed)
     before = client.stats()["client"]
     assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
     after = client.stats()["client"]
     assert read_gpu(torch, dest, ptrs, size) == values
-    launches = after["gpu_kernel_launches"] - before["gpu_kernel_launches"]
-    engine_calls = after["gpu_copy_engine_calls"] - before["gpu_copy_engine_calls"]
+    return {k: after[k] - before[k] for k in ("gpu_kernel_launches", "gpu_copy_engine_calls")}
+
+
+@pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
+def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
+    # One connection: the batch is one frame (more would stripe it).
+    client = client_for(make_client, server, "shm", gpu_copy=mode, conns=1)
+    moved = get_pages_into_gpu(torch, client, "modes", seed=3)
+    launches, engine_calls = moved["gpu_kernel_launches"], moved["gpu_copy_engine_calls"]
     if mode == "copy_engine":
         assert launches == 0 and engine_calls >= 1
     else:       # auto picks the kernel for 4 KiB pages; 1 MiB of them is one frame
@@ -256,18 +262,7 @@ def test_striped_gpu_get_starts_with_a_small_frame(torch, server, make_client):
     are still looked up): 4 stripes of 64 pages, the first cut 8 + 56, so
     5 frames and 5 launches, and every page lands where it belongs."""
     client = client_for(make_client, server, "shm", gpu_copy="kernel", conns=4)
-    size, count = 4096, 256
-    keys = [f"striped-{i}" for i in range(count)]
-    values = [content(k, size) for k in keys]
-    assert batch_put_bytes(client, keys, values) == [0] * count
-    dest = gpu_buffer(torch, 2 * count * size)
-    client.register(dest)
-    ptrs = scattered(dest.data_ptr(), size, count, seed=5)
-    before = client.stats()["client"]
-    assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
-    after = client.stats()["client"]
-    assert read_gpu(torch, dest, ptrs, size) == values
-    assert after["gpu_kernel_launches"] - before["gpu_kernel_launches"] == 5
+    assert get_pages_into_gpu(torch, client, "striped", seed=5)["gpu_kernel_launches"] == 5
 
 
 def test_gpu_copy_alone(torch):
