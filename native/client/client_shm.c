@@ -358,6 +358,7 @@ int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *list
                              struct gpu_list *gpu)
 {
     struct reserve_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
+    out->streamed = 1;
     return client_chunks_walk(lists, len, pool->size, b, first, count, listed, b->sizes,
                               add_reserved_copy, &plan);
 }

@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/common.h"
 #include "common/grow.h"
@@ -45,12 +48,34 @@ void gk_copy_reset(struct gk_copy_list *l)
         gk_copy_free(l);
     l->count = 0;
     l->bytes = 0;
+    l->streamed = 0;
 }
 
 void gk_copy_free(struct gk_copy_list *l)
 {
     free(l->pieces);
     *l = (struct gk_copy_list){0};
+}
+
+/* memcpy with non-temporal stores for the aligned middle. */
+static void copy_streamed(uint8_t *dst, const uint8_t *src, size_t len)
+{
+#if defined(__SSE2__)
+    size_t head = GK_MIN((size_t)(-(uintptr_t)dst & 15), len);
+    memcpy(dst, src, head);
+    dst += head, src += head, len -= head;
+    for (; len >= 64; len -= 64, dst += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+#endif
+    memcpy(dst, src, len);
 }
 
 /* Copies bytes [from, to) of the list's concatenated pieces. */
@@ -60,10 +85,22 @@ static void copy_range(const struct gk_copy_list *l, uint64_t from, uint64_t to)
     for (uint32_t i = 0; i < l->count && at < to; i++) {
         const struct gk_copy_piece *p = &l->pieces[i];
         uint64_t start = GK_MAX(at, from), end = GK_MIN(at + p->len, to);
-        if (start < end)
-            memcpy(p->dst + (start - at), p->src + (start - at), (size_t)(end - start));
+        if (start < end) {
+            uint8_t *dst = p->dst + (start - at);
+            const uint8_t *src = p->src + (start - at);
+            if (l->streamed)
+                copy_streamed(dst, src, (size_t)(end - start));
+            else
+                memcpy(dst, src, (size_t)(end - start));
+        }
         at += p->len;
     }
+#if defined(__SSE2__)
+    /* Streamed stores are weakly ordered: they must all be visible before
+     * whatever this copy's end publishes (a commit, an answer). */
+    if (l->streamed)
+        _mm_sfence();
+#endif
 }
 
 static void copy_share(const struct gk_copy_job *j, int share)

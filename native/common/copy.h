@@ -30,6 +30,11 @@ struct gk_copy_list {
     struct gk_copy_piece *pieces;
     uint32_t count, cap;
     uint64_t bytes;
+    /* Set by the planner when the destinations are the pool, which other
+     * processes read later, not this core soon: the copies then store past
+     * the cache, sparing memory the read of every destination line that a
+     * cached store makes first. Reset clears it. */
+    int streamed;
 };
 
 /* Appends a piece; 0, or -1 when out of memory. */

@@ -2,7 +2,8 @@
  * test_copy.c - common/copy.c: lists of pieces copied byte-exact by their
  * thread alone and with helpers, several threads through one copier at
  * once (as the server's workers copy staged PUTs), and nothing written
- * outside the pieces' destinations.
+ * outside the pieces' destinations; every round at random either with
+ * cached stores or streamed past the cache (pieces at any alignment).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,10 +41,13 @@ static void one_round(struct worker *w, struct gk_copy_list *l)
         memcpy(w->want + at + gap, w->src + from, len);
         at += gap + len;
     }
+    l->streamed = rand_r(&w->seed) & 1;
     gk_copy_run(w->copier, l);
-    CHECK(memcmp(w->dst, w->want, AREA) == 0, "a list of %u pieces (%llu bytes) copied wrong",
-          l->count, (unsigned long long)l->bytes);
+    CHECK(memcmp(w->dst, w->want, AREA) == 0,
+          "a list of %u pieces (%llu bytes, streamed %d) copied wrong", l->count,
+          (unsigned long long)l->bytes, l->streamed);
     gk_copy_reset(l);
+    CHECK_EQ(l->streamed, 0);
 }
 
 static void *worker_main(void *arg)
