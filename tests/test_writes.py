@@ -240,6 +240,23 @@ def test_single_tenant_writes_straight_into_the_pool(server_factory, make_client
     assert stat(stats, "shm_staged_puts") == 0 and stat(stats, "bytes_in") == 0
 
 
+@pytest.mark.parametrize("single_tenant", [False, True], ids=["staged", "single-tenant"])
+def test_puts_are_cut_for_staging_only_through_staging(server_factory, make_client,
+                                                       single_tenant):
+    """Through staging a PUT frame carries at most 1 MiB of values (the
+    staged bytes stay in the CPU cache between the client's copy and the
+    server's); into a single-tenant pool there is one copy, and a frame
+    per connection: 8 values of 512 KiB on one connection are 4 staged
+    frames, or 1 RESERVE once the client has mapped the pool writable."""
+    server = server_factory(memory="256MiB", args=["--single-tenant"] if single_tenant else [])
+    client = shm_client(make_client, server, conns=1)
+    assert client.batch_exists(["map-the-pool"]) == [False]
+    op = "ops_reserve" if single_tenant else "ops_put_staged"
+    before = stat(server.stats(), op)
+    put_and_check(client, [512 << 10], count=8)
+    assert stat(server.stats(), op) - before == (1 if single_tenant else 4)
+
+
 def test_single_tenant_reservation_dropped_with_its_connection(server_factory, make_client):
     server = server_factory(args=["--single-tenant"])
     reader = shm_client(make_client, server)

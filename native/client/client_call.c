@@ -18,6 +18,7 @@
 #include "client_gpu.h"
 #include "client_run.h"
 #include "client_server.h"
+#include "client_shm.h"
 #include "common/common.h"
 #include "route.h"
 
@@ -48,6 +49,7 @@ struct server_share {
     uint64_t key_bytes;
     uint32_t fill_pos;      /* where its next key is gathered */
     uint64_t fill_key_off;
+    int staged_put;         /* its PUT values go through shm staging (see staged_put) */
 };
 
 /* Per-key tables of a keyed call, indexed like the caller's keys. */
@@ -90,7 +92,6 @@ static void lay_out_keys(struct arena *a, struct key_tables *t, struct client_ba
 
 struct planner {
     const struct client_batch *b;
-    const struct gdrkv_client *client;
     uint32_t conns;
     struct client_job *jobs;        /* NULL while measuring */
     struct client_frame *frames;
@@ -131,25 +132,19 @@ static void add_frame(struct planner *pl, uint32_t first, uint32_t count, uint64
     pl->key_off += key_bytes;
 }
 
-/* Whether the server's PUT frames most likely go through shm staging: it
- * has a unix socket. (Over tcp after all, they are merely smaller.) */
-static int shm_put(const struct planner *pl, uint32_t server)
-{
-    return pl->b->opcode == GK_OP_PUT && pl->client->servers[server].ep.unix_path[0];
-}
-
 /* Cuts positions [first, end) into frames, each as large as the limits on
  * keys, body and payload per frame allow (the first, at most first_cap
  * value bytes). */
-static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint32_t end,
-                       uint64_t first_cap)
+static void cut_frames(struct planner *pl, const struct server_share *sh, uint32_t first,
+                       uint32_t end, uint64_t first_cap)
 {
     const struct client_batch *b = pl->b;
     uint32_t p = first;
     /* A PUT through shm staging is cut for the cache (above); tcp GPU
-     * values pass through per-connection staging of GPU_FRAME_BYTES; a GET
-     * answer may pin at most GK_MAX_GET_CAPACITY. */
-    uint64_t max_payload = shm_put(pl, server)        ? CLIENT_SHM_PUT_FRAME_BYTES
+     * values pass through per-connection staging of GPU_FRAME_BYTES, and a
+     * GPU PUT to a single-tenant server is cut alike (fewer round trips
+     * per launch); a GET answer may pin at most GK_MAX_GET_CAPACITY. */
+    uint64_t max_payload = sh->staged_put             ? CLIENT_SHM_PUT_FRAME_BYTES
                            : b->gpu                   ? GPU_FRAME_BYTES
                            : b->opcode == GK_OP_GET ? GK_MAX_GET_CAPACITY
                                                     : GK_MAX_PAYLOAD;
@@ -173,7 +168,8 @@ static void cut_frames(struct planner *pl, uint32_t server, uint32_t first, uint
 /* Plans one server's jobs. Its keys [first, end) are split into up to
  * `conns` stripes of about equal value bytes, each a job of its own, when
  * there are enough bytes to gain from parallel connections. */
-static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uint32_t end)
+static void plan_server(struct planner *pl, uint32_t server, const struct server_share *sh,
+                        uint32_t first, uint32_t end)
 {
     const struct client_batch *b = pl->b;
 
@@ -187,8 +183,8 @@ static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uin
         bytes += b->sizes[p];
     /* shm PUTs: each stripe's copies are two (client, then server), so a
      * stripe must carry more to pay for its connection. */
-    uint64_t stripes = bytes / (shm_put(pl, server) ? CLIENT_SHM_PUT_FRAME_BYTES / 2
-                                                    : CLIENT_STRIPE_MIN_BYTES);
+    uint64_t stripes =
+        bytes / (sh->staged_put ? CLIENT_SHM_PUT_FRAME_BYTES / 2 : CLIENT_STRIPE_MIN_BYTES);
     stripes = GK_MAX(1, GK_MIN(stripes, GK_MIN(pl->conns, end - first)));
 
     uint32_t p = first;
@@ -209,7 +205,7 @@ static void plan_server(struct planner *pl, uint32_t server, uint32_t first, uin
         uint64_t first_cap = pl->nframes == 0 && stripes > 1 && b->gpu && b->opcode == GK_OP_GET
                                  ? GK_MAX(1, bytes / stripes / CLIENT_GPU_FIRST_FRAME_PART)
                                  : UINT64_MAX;
-        cut_frames(pl, server, start, p, first_cap);
+        cut_frames(pl, sh, start, p, first_cap);
     }
 }
 
@@ -218,7 +214,7 @@ static void plan_all(struct planner *pl, const struct server_share *shares, uint
     uint32_t first = 0;
     for (uint32_t s = 0; s < nservers; s++) {
         if (shares[s].admitted)
-            plan_server(pl, s, first, first + shares[s].count);
+            plan_server(pl, s, &shares[s], first, first + shares[s].count);
         first += shares[s].count;
     }
 }
@@ -237,7 +233,7 @@ static void lay_out_jobs(struct arena *a, struct client_call *call, struct plann
 static int plan(struct gdrkv_client *c, struct client_call *call,
                 const struct server_share *shares)
 {
-    struct planner pl = {.b = &call->batch, .client = c, .conns = c->opts.conns};
+    struct planner pl = {.b = &call->batch, .conns = c->opts.conns};
     struct arena a = {0};
 
     plan_all(&pl, shares, c->nservers);
@@ -318,10 +314,21 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
     }
 }
 
+/* Whether a server's PUT frames most likely go through shm staging: it
+ * has a unix socket, and the pool mapped from it (if any yet) is not a
+ * single-tenant server's, into which the client copies the values itself.
+ * (Over tcp after all, they are merely smaller.) Decided once per call:
+ * both planning passes must cut the same frames. */
+static int staged_put(struct client_endpoint *ep, uint8_t op)
+{
+    return op == GK_OP_PUT && ep->unix_path[0] && !client_shm_writable(ep);
+}
+
 /* The health short-circuit: a server in backoff gets nothing sent. Then
  * each admitted server's group gets its place in the gathered arrays.
  * Returns how many keys will be sent. */
-static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *shares, uint64_t now)
+static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *shares, uint8_t op,
+                              uint64_t now)
 {
     uint32_t pos = 0;
     uint64_t key_off = 0, refused = 0;
@@ -334,6 +341,7 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
             sh->key_bytes = 0;
         } else {
             sh->admitted = sh->count > 0;
+            sh->staged_put = sh->admitted && staged_put(&c->servers[s].ep, op);
         }
         sh->fill_pos = pos;
         sh->fill_key_off = key_off;
@@ -429,7 +437,7 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     if (b->gpu)
         b->seg_ptrs = b->gpu->ptrs;
     route_keys(c, k, &t);
-    uint32_t nsend = admit_servers(c, t.shares, start);
+    uint32_t nsend = admit_servers(c, t.shares, op, start);
     gather_keys(k, &t, c->nservers, b);
     rc = plan(c, &call, t.shares);
     if (rc == 0)

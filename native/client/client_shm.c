@@ -205,6 +205,14 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
     return p;
 }
 
+int client_shm_writable(struct client_endpoint *ep)
+{
+    pthread_mutex_lock(&ep->pool_lock);
+    int writable = ep->pool && ep->pool->writable;
+    pthread_mutex_unlock(&ep->pool_lock);
+    return writable;
+}
+
 /* Maps the connection's staging memfd, when the server gave one that is
  * sealed against shrinking; without it PUTs simply go on the socket. */
 static void map_staging(struct client_endpoint *ep, int fd, struct client_staging *st)

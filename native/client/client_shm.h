@@ -26,6 +26,9 @@ struct gpu_list;
 int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
                        struct client_pool **pool, struct client_staging *staging);
 void client_pool_put(struct client_pool *p);
+/* Whether the endpoint's current pool mapping is writable: a single-tenant
+ * server, as far as a connection made so far has seen. */
+int client_shm_writable(struct client_endpoint *ep);
 void client_staging_unmap(struct client_staging *st);
 
 /* Appends the copies a LEASE answer describes for keys [first, first +
