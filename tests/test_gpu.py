@@ -324,6 +324,54 @@ def test_get_waits_for_work_queued_on_the_default_stream(torch, server, make_cli
     assert read_gpu(torch, dest, ptrs, size) == values
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_put_without_a_stream_waits_for_the_default_stream(torch, server, make_client,
+                                                           transport):
+    """A PUT without a stream launches on the client's PUT stream, which
+    blocks on the legacy default stream: it reads what a slow kernel queued
+    there before the call wrote, without the caller synchronising."""
+    client = client_for(make_client, server, transport)
+    size, count = 64 << 10, 16
+    src = gpu_buffer(torch, count * size)
+    client.register(src)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)               # on the default stream, before the fill
+    src.fill_(0x6B)
+    keys = [f"put-order-{unique()}-{i}" for i in range(count)]
+    ptrs = [src.data_ptr() + i * size for i in range(count)]
+    assert client.batch_put(keys, ptrs, [size] * count) == [0] * count
+    assert [client.get(k) for k in keys] == [b"\x6b" * size] * count
+
+
+def test_gpu_puts_from_threads_share_the_put_streams(torch, server, make_client):
+    """Threads PUT from GPU memory through one client at once: their frames
+    launch on the client's one PUT stream per device, which the first of
+    them creates; every object byte-exact, on every path the threads take."""
+    client = client_for(make_client, server, "shm", gpu_copy="kernel", conns=4)
+    size, count, nthreads = 64 << 10, 32, 4
+    work = [gpu_values(torch, f"threads-{unique()}-{t}", size, count, seed=t)
+            for t in range(nthreads)]
+    for _, _, src, _ in work:
+        client.register(src)
+    torch.cuda.synchronize()
+    results = [None] * nthreads
+    start = threading.Barrier(nthreads)
+
+    def put(t):
+        keys, _, _, ptrs = work[t]
+        start.wait()
+        results[t] = client.batch_put(keys, ptrs, [size] * count)
+
+    threads = [threading.Thread(target=put, args=(t,)) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert results == [[0] * count] * nthreads
+    for keys, values, _, _ in work:
+        assert [client.get(k) for k in keys] == values
+
+
 # ---------------------------------------------------------------- leases
 
 def test_kernel_copy_racing_eviction_keeps_leases(torch, server_factory, make_client):

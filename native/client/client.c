@@ -211,6 +211,7 @@ void gdrkv_client_close(gdrkv_client *c)
     free(c->seeds);
     client_regions_destroy(&c->regions);
     gk_copier_destroy(&c->copier);
+    gpu_serial_free(&c->gpu_put_streams);   /* after the connections that launched on them */
     /* After the servers: their connections' QPs go before the device. */
     client_rdma_destroy(c->rdma);
     free(c->rdma);

@@ -427,7 +427,8 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     memset(t.shares, 0, c->nservers * sizeof *t.shares);
 
     int rc = 0;
-    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k, &rc);
+    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
+                                          &c->gpu_put_streams, &rc);
     if (rc) {
         for (uint32_t i = 0; i < k->n; i++)
             k->results[i] = rc;

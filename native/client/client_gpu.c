@@ -183,7 +183,8 @@ static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs)
 }
 
 struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
-                                  const struct client_keys *k, int *rc)
+                                  const struct client_keys *k, struct gpu_serial *put_streams,
+                                  int *rc)
 {
     struct classifier cl = {.cu = gk_cuda_if_loaded()};
     struct gpu_call *g = NULL;
@@ -234,6 +235,7 @@ struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint
     if (g) {
         memcpy(g->seg_dev, dev, nsegs);
         g->mode = mode;
+        g->serial = op == GK_OP_PUT ? put_streams : NULL;
         refuse_multi_gpu_stream(g, k);
     }
 out:
@@ -355,7 +357,7 @@ int gpu_conn_start(struct gpu_conn **gcp, struct client_batch *b, const struct c
     if (put) {
         /* The values must be in staging before the first byte is sent. */
         rc = gpu_slot_launch(&g->slots[0], &g->list, b->gpu->mode, b->gpu->stream,
-                             &b->gpu->stats);
+                             b->gpu->serial, &b->gpu->stats);
         return rc ? rc : gpu_slot_wait(&g->slots[0]);
     }
     g->frame_slot = slot;
@@ -382,7 +384,8 @@ int gpu_conn_received(struct gpu_conn *g, struct client_batch *b, const struct c
     }
     if (!g->list.count)
         return 0;
-    return gpu_slot_launch(&g->slots[g->frame_slot], &g->list, gc->mode, gc->stream, &gc->stats);
+    return gpu_slot_launch(&g->slots[g->frame_slot], &g->list, gc->mode, gc->stream, gc->serial,
+                           &gc->stats);
 }
 
 /* ------------------------------------------------------------ shm pool */
@@ -473,7 +476,7 @@ static int launch_beside_host(struct gpu_conn *g, struct gpu_call *gc, int mappe
     int rc = 0;
     if (g->list.count) {
         int mode = to_device(g, gc->mode, mapped, base, dptr, dst_side);
-        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, &gc->stats);
+        rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, gc->serial, &gc->stats);
     }
     if (host->count)
         gk_copy_run(copier, host);
@@ -568,7 +571,7 @@ int gdrkv_gpu_copy(int device, uint32_t n, const uint64_t *dsts, const uint64_t 
     for (uint32_t i = 0; i < n && !rc; i++)
         rc = gpu_list_add(&copy_list, device, dsts[i], srcs[i], lens[i]);
     if (!rc)
-        rc = gpu_slot_launch(&copy_slot, &copy_list, mode, stream, &stats);
+        rc = gpu_slot_launch(&copy_slot, &copy_list, mode, stream, NULL, &stats);
     int wait_rc = gpu_slot_wait(&copy_slot);
     pthread_mutex_unlock(&copy_lock);
     return rc ? rc : wait_rc;

@@ -52,18 +52,21 @@ struct gpu_call {
     uint8_t *bad;           /* per key: a segment is GPU memory that can't be used */
     int mode;               /* enum gpu_mode */
     uint64_t stream;        /* the caller's CUstream, or 0 */
+    struct gpu_serial *serial;  /* without one: the client's PUT streams (a PUT), or NULL */
     struct gpu_stats stats;
     int error;              /* a GPU copy failed after its frame was answered */
 };
 
 /* For a GET or PUT call: classifies every segment against the client's
  * registered ranges, and returns NULL when none is GPU memory (nor bad);
- * mode is the client's enum gpu_mode. Keys with a segment in GPU memory that is
+ * mode is the client's enum gpu_mode; a PUT without a stream of the
+ * caller's launches on put_streams. Keys with a segment in GPU memory that is
  * unregistered, freed since it was registered, or only partly inside a
  * registered range get GDRKV_E_INVALID in results and bad[i] = 1. *rc is
  * 0, or GDRKV_E_INTERNAL when out of memory (the call can't run). */
 struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
-                                  const struct client_keys *k, int *rc);
+                                  const struct client_keys *k, struct gpu_serial *put_streams,
+                                  int *rc);
 void gpu_call_free(struct gpu_call *g);
 /* For the NIC moving GPU memory itself (rdma): waits for the work queued
  * before the call on the caller's stream, or else on the legacy default

@@ -29,6 +29,7 @@
 #include "common/auth.h"
 #include "common/net.h"
 #include "gdrkv.h"
+#include "gpu/gpu.h"
 #include "common/protocol.h"
 #include "common/stats.h"
 
@@ -96,6 +97,7 @@ struct gdrkv_client {
     uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
     struct client_regions regions;
     struct gk_copier copier;    /* helper threads for large shm copies */
+    struct gpu_serial gpu_put_streams;  /* GPU PUTs without a caller's stream launch here */
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
     struct gk_token token;          /* opts.token_file's (or GDRKV_TOKEN_FILE's); len 0: none */
     struct client_counters counters;

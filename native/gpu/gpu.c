@@ -342,10 +342,32 @@ static int use_copy_engine(int mode, const struct gpu_list *l)
            l->bytes / l->count >= GPU_AUTO_COPY_ENGINE_BYTES;
 }
 
+/* *at, the stream created there on first use (the device's context
+ * current). Threads may race to create a shared one: one wins. */
+static int stream_of(const struct gk_cuda *cu, CUstream *at, CUstream *out)
+{
+    CUstream made = NULL, none = NULL;
+    *out = __atomic_load_n(at, __ATOMIC_ACQUIRE);
+    if (*out)
+        return 0;
+    /* Blocking w.r.t. the legacy default stream, so work an engine
+     * queued there (and did not synchronise) comes first. */
+    CUresult r = cu->cuStreamCreate(&made, GK_CU_STREAM_DEFAULT);
+    if (r != GK_CUDA_SUCCESS)
+        return cu_failed("cuStreamCreate", r);
+    if (__atomic_compare_exchange_n(at, &none, made, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        *out = made;
+    } else {
+        cu->cuStreamDestroy(made);
+        *out = none;
+    }
+    return 0;
+}
+
 /* Launches device dev's pieces on its stream and records its event. */
 static int launch_dev(const struct gk_cuda *cu, struct gpu_slot *s, const struct gpu_list *l,
-                      int dev, int mode, uint64_t user_stream, uint64_t *first_unit,
-                      struct gpu_stats *stats)
+                      int dev, int mode, uint64_t user_stream, struct gpu_serial *serial,
+                      uint64_t *first_unit, struct gpu_stats *stats)
 {
     const struct gpu_dev *d = dev_enter(cu, dev);
     int rc = 0;
@@ -354,20 +376,14 @@ static int launch_dev(const struct gk_cuda *cu, struct gpu_slot *s, const struct
         return GDRKV_E_INTERNAL;
     }
     CUstream stream = (CUstream)(uintptr_t)user_stream;
-    if (!stream && !s->streams[dev]) {
-        /* Blocking w.r.t. the legacy default stream, so work an engine
-         * queued there (and did not synchronise) comes first. */
-        CUresult r = cu->cuStreamCreate(&s->streams[dev], GK_CU_STREAM_DEFAULT);
-        if (r != GK_CUDA_SUCCESS)
-            rc = cu_failed("cuStreamCreate", r);
-    }
+    if (!stream)
+        rc = stream_of(cu, serial ? &serial->streams[dev] : &s->streams[dev], &stream);
     if (!rc && !s->events[dev]) {
         CUresult r = cu->cuEventCreate(&s->events[dev], GK_CU_EVENT_DISABLE_TIMING);
         if (r != GK_CUDA_SUCCESS)
             rc = cu_failed("cuEventCreate", r);
     }
     if (!rc) {
-        stream = stream ? stream : s->streams[dev];
         if (use_copy_engine(mode, l)) {
             rc = launch_copy_engine(cu, s, l, dev, stream, mode, stats);
         } else {
@@ -391,7 +407,7 @@ static int launch_dev(const struct gk_cuda *cu, struct gpu_slot *s, const struct
 }
 
 int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint64_t stream,
-                    struct gpu_stats *stats)
+                    struct gpu_serial *serial, struct gpu_stats *stats)
 {
     const struct gk_cuda *cu = gk_cuda();
     uint32_t devices = 0;
@@ -414,7 +430,7 @@ int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint
     uint64_t first_unit = 0;
     for (int dev = 0; dev < GPU_MAX_DEVICES && !rc; dev++)
         if (devices & (1u << dev))
-            rc = launch_dev(cu, s, l, dev, mode, stream, &first_unit, stats);
+            rc = launch_dev(cu, s, l, dev, mode, stream, serial, &first_unit, stats);
     if (!rc)
         stats->bytes += l->bytes;
     return rc;
@@ -459,6 +475,18 @@ int gpu_slot_poll(struct gpu_slot *s)
             return cu_failed("the GPU copy", r);
     }
     return 1;
+}
+
+void gpu_serial_free(struct gpu_serial *q)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    for (int dev = 0; cu && dev < GPU_MAX_DEVICES; dev++) {
+        if (q->streams[dev] && dev_enter(cu, dev)) {
+            cu->cuStreamDestroy(q->streams[dev]);
+            dev_leave(cu);
+        }
+    }
+    *q = (struct gpu_serial){0};
 }
 
 void gpu_slot_free(struct gpu_slot *s)

@@ -76,12 +76,25 @@ struct gpu_slot {
     uint32_t pending;               /* devices with work in flight (bits) */
 };
 
+/* One stream per device, created on first use, that the slots of several
+ * connections launch on so that their copies run one after another, in
+ * launch order, rather than side by side. A PUT frame's copy is followed
+ * by the server's copy of the same bytes: side by side, every frame's GPU
+ * copy would end with the last, and the server's copies all start then. */
+struct gpu_serial {
+    CUstream streams[GPU_MAX_DEVICES];
+};
+
+/* Destroys the streams; after every slot that launched on them. */
+void gpu_serial_free(struct gpu_serial *q);
+
 /* Starts the copies of l: per device, one kernel launch or one batched
- * copy-engine call (mode), on stream (a CUstream of the caller, or 0 for
- * the slot's own). Waits for the slot's previous launch first. Returns 0
- * or GDRKV_E_INTERNAL (logged). */
+ * copy-engine call (mode), on stream (a CUstream of the caller), else on
+ * serial's stream of the device (serial not NULL), else on the slot's own.
+ * Waits for the slot's previous launch first. Returns 0 or
+ * GDRKV_E_INTERNAL (logged). */
 int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint64_t stream,
-                    struct gpu_stats *stats);
+                    struct gpu_serial *serial, struct gpu_stats *stats);
 /* Waits until the slot's launches finished; 0 or GDRKV_E_INTERNAL. */
 int gpu_slot_wait(struct gpu_slot *s);
 /* Whether they have: 1 finished, 0 still running, GDRKV_E_INTERNAL. */
