@@ -9,11 +9,12 @@ whole batch in one launch (gdrkv.gpu.copy). Then gdrkv itself: GET from a
 `gdrkv serve` process over shm (and tcp) into scattered GPU pages, and PUT
 from them, calling the C API with arrays built once. Last, interference:
 how much slower a memory-bound kernel (a big device-to-device copy, the
-stand-in for decode) runs while gdrkv streams GETs into the GPU, with
-gpu_copy=kernel and gpu_copy=copy_engine.
+stand-in for decode) runs while gdrkv streams GETs into the GPU, or PUTs
+out of it, with gpu_copy=kernel and gpu_copy=copy_engine.
 
 Needs torch (for GPU memory and CUDA events); the library does not.
 """
+import functools
 import os
 import random
 import statistics
@@ -248,39 +249,57 @@ def _interference(torch, url):
     size, per_batch = INTERFERENCE_PAGE, BATCH_BYTES // INTERFERENCE_PAGE
     dev = torch.zeros(2 * per_batch * size, dtype=torch.uint8, device="cuda")
     ptrs = _scattered(dev.data_ptr(), size, per_batch, seed=9)
+    measure = functools.partial(memory_bound, torch, a, b, stream, 100)
     rows = []
-    for mode in ("kernel", "copy_engine"):
-        with Client(url, transport="shm", namespace=f"bench-intf-{os.getpid()}-{mode}",
-                    gpu_copy=mode) as client:
-            client.register(dev)
-            batch = _Batch([f"i{i}" for i in range(per_batch)], ptrs, size)
-            batch.call(client, lib.gdrkv_batch_put_stream, 0)
-            stop, moved = threading.Event(), [0]
-
-            def stream_gets():
-                while not stop.is_set():
-                    batch.call(client, lib.gdrkv_batch_get_stream, size)
-                    moved[0] += per_batch * size
-
-            thread = threading.Thread(target=stream_gets)
-            thread.start()
-            try:
-                time.sleep(0.2)
-                t0, m0 = time.perf_counter(), moved[0]
-                busy = statistics.median(memory_bound(torch, a, b, stream, 100)
-                                         for _ in range(3))
-                gbps = (moved[0] - m0) / (time.perf_counter() - t0) / 1e9
-            finally:
-                stop.set()
-                thread.join()
-            rows.append({"gpu_copy": mode, "page": size, "kernel_ms_alone": alone,
-                         "kernel_ms_with_gdrkv": busy,
-                         "slowdown_pct": 100 * (busy / alone - 1),
-                         "gdrkv_get_gb_per_s": gbps})
-            client.clear()
-    del a, b, dev
+    for op in ("get", "put"):
+        for mode in ("kernel", "copy_engine"):
+            with Client(url, transport="shm", namespace=f"bench-intf-{os.getpid()}-{op}-{mode}",
+                        gpu_copy=mode) as client:
+                client.register(dev)
+                busy, gbps = _while_streaming(client, op, ptrs, size, measure)
+                rows.append({"op": op, "gpu_copy": mode, "page": size,
+                             "kernel_ms_alone": alone, "kernel_ms_with_gdrkv": busy,
+                             "slowdown_pct": 100 * (busy / alone - 1),
+                             f"gdrkv_{op}_gb_per_s": gbps})
+                client.clear()
+    del measure, a, b, dev
     torch.cuda.empty_cache()
     return rows
+
+
+def _while_streaming(client, op, ptrs, size, measure):
+    """measure()'s median of three while another thread streams batches of
+    GETs (of one stored batch) or PUTs (of two key sets in turn, each
+    deleted before it is stored again) between ptrs and gdrkv; and the GB/s
+    gdrkv moved meanwhile."""
+    n = len(ptrs)
+    sets = [[f"{op}{s}-{i}" for i in range(n)] for s in range(2)]
+    batches = [_Batch(keys, ptrs, size) for keys in sets]
+    batches[0].call(client, lib.gdrkv_batch_put_stream, 0)
+    stop, moved = threading.Event(), [0]
+
+    def stream_ops():
+        turn = 0
+        while not stop.is_set():
+            if op == "get":
+                batches[0].call(client, lib.gdrkv_batch_get_stream, size)
+            else:
+                turn ^= 1
+                client.batch_delete(sets[turn])
+                batches[turn].call(client, lib.gdrkv_batch_put_stream, 0)
+            moved[0] += n * size
+
+    thread = threading.Thread(target=stream_ops)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        t0, m0 = time.perf_counter(), moved[0]
+        busy = statistics.median(measure() for _ in range(3))
+        gbps = (moved[0] - m0) / (time.perf_counter() - t0) / 1e9
+    finally:
+        stop.set()
+        thread.join()
+    return busy, gbps
 
 
 # ---------------------------------------------------------------- tables
@@ -307,12 +326,13 @@ def _gdrkv_table(rows, ceilings):
 
 
 def _interference_table(rows):
-    out = [["gpu_copy", "page", "D2D copy ms alone", "with gdrkv", "slowdown %",
-            "gdrkv GET GB/s meanwhile"]]
+    out = [["op", "gpu_copy", "page", "D2D copy ms alone", "with gdrkv", "slowdown %",
+            "gdrkv GB/s meanwhile"]]
     for r in rows:
-        out.append([r["gpu_copy"], format_size(r["page"]), f"{r['kernel_ms_alone']:.3f}",
-                    f"{r['kernel_ms_with_gdrkv']:.3f}", f"{r['slowdown_pct']:.1f}",
-                    f"{r['gdrkv_get_gb_per_s']:.2f}"])
+        op = r.get("op", "get")
+        out.append([op.upper(), r["gpu_copy"], format_size(r["page"]),
+                    f"{r['kernel_ms_alone']:.3f}", f"{r['kernel_ms_with_gdrkv']:.3f}",
+                    f"{r['slowdown_pct']:.1f}", f"{r[f'gdrkv_{op}_gb_per_s']:.2f}"])
     return ("interference: a memory-bound kernel (copy of "
-            f"{format_size(INTERFERENCE_BYTES)}) while gdrkv streams shm GETs\n"
+            f"{format_size(INTERFERENCE_BYTES)}) while gdrkv streams shm GETs or PUTs\n"
             + format_table(out))
