@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import stat as stat_mode
+import struct
 import subprocess
 import sys
 import threading
@@ -239,6 +240,67 @@ def test_stalled_reader_loses_its_lease(server_factory, make_client):
         # The connection goes on; a fresh lease is honoured.
         lease(conn, ["stalled"], client.namespace)
         assert release(conn) == 0
+
+
+def test_the_lease_word_says_whether_the_lease_holds(server_factory, make_client):
+    """After HELLO, the connection's staging ends in the lease word: 1 from
+    a LEASE answer with pins, 0 before the server lets them go (RELEASE,
+    the next frame, expiry). A RELEASE flagged unanswered ends the lease
+    and sends nothing back: the next answer on the connection is the next
+    request's."""
+    server = server_factory(args=["--lease-timeout-ms", "300"])
+    client = shm_client(make_client, server)
+    ns = client.namespace
+    client.put("w", b"w" * 1000)
+    with wire.connect_unix(server.unix_path) as conn:
+        hdr, _, (pool_fd, staging_fd) = wire.hello_fds(conn)
+        os.close(pool_fd)
+        size = os.fstat(staging_fd).st_size
+        view = mmap.mmap(staging_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        os.close(staging_fd)
+
+        def word():
+            return struct.unpack_from("<I", view, size - wire.LEASE_WORD_BYTES)[0]
+
+        assert hdr.flags & wire.HELLO_LEASE_WORD and word() == 0
+        lease(conn, ["w"], ns)
+        assert word() == 1
+        assert release(conn) == 0 and word() == 0
+        assert lease(conn, ["absent"], ns) == [(errors.E_NOT_FOUND, 0, [])]
+        assert word() == 0                      # nothing pinned, nothing held
+        lease(conn, ["w"], ns)
+        conn.call(wire.OP_PING)
+        assert word() == 0 and pinned(server) == 0
+        lease(conn, ["w"], ns)
+        wait_for(lambda: word() == 0, 5, "the lease to expire")
+        assert pinned(server) == 0 and release(conn) == errors.E_TIMEOUT
+        lease(conn, ["w"], ns)
+        assert word() == 1
+        conn.send(wire.Header(opcode=wire.OP_RELEASE, flags=wire.RELEASE_UNANSWERED,
+                              req_id=7).pack())
+        hdr, _, _ = conn.call(wire.OP_PING, req_id=8)
+        assert (hdr.opcode, hdr.req_id, hdr.status) == (wire.OP_PING | wire.OP_RESPONSE, 8, 0)
+        assert word() == 0 and pinned(server) == 0
+        view.close()
+
+
+@pytest.mark.parametrize("staging", ["16MiB", "0"])
+def test_gets_seen_held_end_their_leases_unanswered(server_factory, make_client, staging):
+    """A GET over shm reads its connection's lease word once the copy is
+    done: seen held, the RELEASE goes unanswered (no round trip). Without
+    staging there is no word and every RELEASE is answered. Byte-exact
+    either way."""
+    server = server_factory(args=["--shm-staging", staging])
+    client = shm_client(make_client, server, conns=1)
+    keys = [f"seen-{i}" for i in range(32)]
+    values = [content(k, 20000) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * len(keys)
+    for _ in range(3):
+        assert batch_get_bytes(client, keys, [20000] * len(keys)) == ([20000] * len(keys), values)
+    leases = stat(server.stats(), "shm_leases")
+    assert leases >= 3
+    seen = client.stats()["client"]["shm_leases_seen_held"]
+    assert seen == (0 if staging == "0" else leases)
 
 
 EXPIRY_KEYS, EXPIRY_SIZE = [f"slow-{i}" for i in range(4)], 32 << 20

@@ -106,8 +106,9 @@ def test_staging_is_sealed_and_the_pool_stays_read_only(server_factory):
         hdr, results, fds = wire.hello_fds(conn)
     pool_fd, staging_fd = fds
     try:
-        assert hdr.status == 0 and hdr.flags == 0
-        assert os.fstat(staging_fd).st_size == 4 << 20
+        assert hdr.status == 0 and hdr.flags == wire.HELLO_LEASE_WORD
+        # Room for 4 MiB of values, then the lease word's (docs/protocol.md).
+        assert os.fstat(staging_fd).st_size == (4 << 20) + wire.LEASE_WORD_BYTES
         size = results[0][1]
         with pytest.raises(PermissionError):
             mmap.mmap(pool_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -229,7 +230,7 @@ def test_single_tenant_writes_straight_into_the_pool(server_factory, make_client
         hdr, _, fds = wire.hello_fds(conn)
         for fd in fds:
             os.close(fd)
-    assert hdr.flags == wire.HELLO_WRITABLE
+    assert hdr.flags == wire.HELLO_WRITABLE | wire.HELLO_LEASE_WORD
     client = shm_client(make_client, server)
     moved = put_and_check(client, SIZES)
     parts = [os.urandom(n) for n in (10, 4096, 0, 70000)]

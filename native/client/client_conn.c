@@ -342,12 +342,13 @@ static void begin_frame(struct client_conn *c)
 }
 
 /* Sends the exchange's follow-up (RELEASE, COMMIT) from buf: its header,
- * encoded here, and body_len bytes already in place after it. */
+ * encoded here with flags, and body_len bytes already in place after it. */
 static void send_followup(struct client_conn *c, uint8_t *buf, uint32_t count,
-                          uint32_t body_len)
+                          uint32_t body_len, uint16_t flags)
 {
     struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = c->ex->followup,
-                       .count = count, .body_len = body_len, .req_id = c->next_req_id++};
+                       .flags = flags, .count = count, .body_len = body_len,
+                       .req_id = c->next_req_id++};
 
     expect_answer(c, h.opcode, h.req_id, c->ex->followup_answer);
     gk_hdr_encode(&h, buf);
@@ -440,6 +441,10 @@ static int send_request(struct client_conn *c)
             return 0;   /* socket buffer full: wait for POLLOUT */
     }
     c->phase = CLIENT_CONN_RECV_HEAD;
+    if (c->unanswered) {
+        c->unanswered = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -611,6 +616,34 @@ static int take_request_answer(struct client_conn *c)
 
 /* ------------------------------------------------------------ shm */
 
+/* Whether the lease is seen to hold now, after the copy: the server sets
+ * the lease word to 0 before it lets any pinned object go, and a server
+ * that died (whose pool file a new server may be writing) shows on the
+ * socket, which the kernel closes at its exit. Anything else on the socket
+ * (an answer nobody asked for) counts as not seen. */
+static int lease_seen_held(const struct client_conn *c)
+{
+    if (!c->staging.lease_word ||
+        __atomic_load_n(c->staging.lease_word, __ATOMIC_SEQ_CST) != GK_LEASE_HELD)
+        return 0;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) == 0;
+}
+
+/* The lease's copy is done (the GPU's too): the lease ends. Seen to hold,
+ * the RELEASE goes unanswered and the frame ends once it is sent; else its
+ * answer says whether the bytes were the objects'. */
+static void end_lease_copied(struct client_conn *c)
+{
+    if (lease_seen_held(c)) {
+        c->batch->shm_leases_seen_held++;
+        c->unanswered = 1;
+        send_followup(c, c->release, 0, 0, GK_RELEASE_UNANSWERED);
+    } else {
+        send_followup(c, c->release, 0, 0, 0);
+    }
+}
+
 /* The LEASE answered over shm: copies the objects out of the pool, then
  * releases. A lease with nothing to copy needs no confirmation; the
  * server drops it when the next frame comes. */
@@ -656,7 +689,7 @@ static int copy_leased(struct client_conn *c)
     }
     if (bytes > 0) {
         b->shm_bytes_copied += bytes;
-        send_followup(c, c->release, 0, 0);
+        end_lease_copied(c);
     }
     return 0;
 }
@@ -676,10 +709,10 @@ static int wait_gpu(struct client_conn *c)
     if (c->ex == &exchanges[EXCHANGE_SHM_STAGED]) {
         c->phase = CLIENT_CONN_SEND;
     } else if (c->ex == &exchanges[EXCHANGE_SHM_RESERVE]) {
-        send_followup(c, c->commit, c->frame->count, c->frame->count);
+        send_followup(c, c->commit, c->frame->count, c->frame->count, 0);
     } else {
         c->batch->shm_bytes_copied += c->leased_bytes;
-        send_followup(c, c->release, 0, 0);
+        end_lease_copied(c);
     }
     return 0;
 }
@@ -784,7 +817,7 @@ static int copy_reserved(struct client_conn *c)
     if (rc == 1)
         c->phase = CLIENT_CONN_GPU_WAIT;    /* COMMIT goes once the launch is done */
     else
-        send_followup(c, c->commit, f->count, f->count);
+        send_followup(c, c->commit, f->count, f->count, 0);
     return 0;
 }
 
@@ -819,7 +852,7 @@ static int read_leased(struct client_conn *c)
     const uint8_t *lists = chunk_lists(c, &len);
     rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
     if (rc == 0)
-        send_followup(c, c->release, 0, 0);
+        send_followup(c, c->release, 0, 0, 0);
     return rc;
 }
 
@@ -846,7 +879,7 @@ static int write_reserved(struct client_conn *c)
         if (r.status == 0 && !flags[k])
             c->rdma_broken = 1;
     }
-    send_followup(c, c->commit, f->count, f->count);
+    send_followup(c, c->commit, f->count, f->count, 0);
     return 0;
 }
 

@@ -90,6 +90,7 @@ struct client_conn {
     uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
     const char *why;            /* what failed, for the log */
     uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
+    int unanswered;             /* the request being sent gets no answer: it ends the frame */
     struct client_iov io;
 };
 

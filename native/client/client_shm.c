@@ -214,14 +214,17 @@ int client_shm_writable(struct client_endpoint *ep)
 }
 
 /* Maps the connection's staging memfd, when the server gave one that is
- * sealed against shrinking; without it PUTs simply go on the socket. */
-static void map_staging(struct client_endpoint *ep, int fd, struct client_staging *st)
+ * sealed against shrinking; without it PUTs simply go on the socket. With
+ * lease_word, its last GK_LEASE_WORD_BYTES are the lease word's. */
+static void map_staging(struct client_endpoint *ep, int fd, int lease_word,
+                        struct client_staging *st)
 {
     struct stat sb;
     *st = (struct client_staging){0};
     if (fd < 0)
         return;
-    if (!sealed(fd, 1) || fstat(fd, &sb) != 0 || sb.st_size <= 0) {
+    if (!sealed(fd, 1) || fstat(fd, &sb) != 0 ||
+        sb.st_size <= (lease_word ? GK_LEASE_WORD_BYTES : 0)) {
         GK_WARN("%s: its staging memfd is not sealed: PUTs go on the socket", ep->name);
         return;
     }
@@ -232,7 +235,9 @@ static void map_staging(struct client_endpoint *ep, int fd, struct client_stagin
         return;
     }
     st->base = base;
-    st->len = (uint64_t)sb.st_size;
+    st->map_len = (uint64_t)sb.st_size;
+    st->len = st->map_len - (lease_word ? GK_LEASE_WORD_BYTES : 0);
+    st->lease_word = lease_word ? (const uint32_t *)(st->base + st->len) : NULL;
 }
 
 void client_staging_unmap(struct client_staging *st)
@@ -240,8 +245,9 @@ void client_staging_unmap(struct client_staging *st)
     if (!st->base)
         return;
     gpu_staging_release(st);
-    munmap(st->base, st->len);
+    munmap(st->base, st->map_len);
     st->base = NULL;
+    st->lease_word = NULL;
 }
 
 int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
@@ -269,7 +275,8 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
         return rc;
     }
     *pool = pool_of(ep, a.fds[0], a.size, (a.flags & GK_HELLO_WRITABLE) != 0);
-    map_staging(ep, a.nfds > 1 ? a.fds[1] : -1, staging);
+    map_staging(ep, a.nfds > 1 ? a.fds[1] : -1, (a.flags & GK_HELLO_LEASE_WORD) != 0,
+                staging);
     hello_drop(&a);     /* the mappings keep the memory */
     if (!*pool) {
         client_staging_unmap(staging);

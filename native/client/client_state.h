@@ -60,6 +60,7 @@ struct gpu_call;
     OWN(shm_bytes_copied)           /* GET bytes copied out of a mapped pool */                 \
     OWN(shm_bytes_staged)           /* PUT bytes copied into staging or the pool */             \
     OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
+    OWN(shm_leases_seen_held)       /* LEASE frames whose RELEASE went unanswered */            \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     FROM(rdma_read_frames, gk_counter_get(&c->rdma->read_frames))                               \
     FROM(rdma_write_frames, gk_counter_get(&c->rdma->write_frames))                             \
@@ -142,7 +143,9 @@ struct client_pool {
  * PUT values go there, and the server copies them into the pool. */
 struct client_staging {
     uint8_t *base;          /* NULL: the server gave none */
-    uint64_t len;
+    uint64_t len;           /* bytes for values */
+    uint64_t map_len;
+    const uint32_t *lease_word; /* after the values (GK_HELLO_LEASE_WORD), or NULL */
     int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
     uint64_t gpu_dptr;      /* where the GPU writes base (client_gpu.c) */
 };
@@ -205,6 +208,7 @@ struct client_batch {
     uint64_t shm_bytes_copied;
     uint64_t shm_bytes_staged;
     uint64_t shm_leases_expired;
+    uint64_t shm_leases_seen_held;
 };
 
 /* One request and its response. */

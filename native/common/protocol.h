@@ -32,6 +32,11 @@
  *            against shrinking and growing) when the server gives one.
  *            Response flag GK_HELLO_WRITABLE: single-tenant mode, the pool
  *            memfd is writable and PUTs are RESERVE, copy, COMMIT.
+ *            Response flag GK_HELLO_LEASE_WORD: the staging memfd's last
+ *            GK_LEASE_WORD_BYTES are not for values but hold the lease
+ *            word, a u32 the server sets to 1 when it answers a LEASE
+ *            with bytes to copy and to 0 before it lets any of its pins
+ *            go (RELEASE, expiry, the next frame, the connection's end).
  *   PUT_STAGED: a PUT whose values the client copied into the
  *            connection's staging memfd, from offset 0 in entry order, as
  *            a PUT payload would be: entry sizes are the value sizes and
@@ -44,7 +49,9 @@
  *            frame, the lease timeout, or the connection's end.
  *   RELEASE: empty request; frame status 0 when the lease was still held,
  *            so the bytes copied under it were the objects', or TIMEOUT
- *            when it had expired.
+ *            when it had expired. Request flag GK_RELEASE_UNANSWERED: no
+ *            answer at all (a client that read the lease word as 1 after
+ *            its copy, and saw its socket still open, knows already).
  *
  *   rdma transport (tcp or unix connections; docs/transports.md):
  *   RDMA_HELLO: body = the client's QP endpoint (rdma_qp.h); the answer's
@@ -100,6 +107,10 @@
 #define GK_AUTH_NONCE_SIZE 32
 #define GK_AUTH_PROOF_SIZE 32
 #define GK_HELLO_WRITABLE 1             /* HELLO response flag: single-tenant pool */
+#define GK_HELLO_LEASE_WORD 2           /* HELLO response flag: staging ends in the lease word */
+#define GK_LEASE_WORD_BYTES 64          /* the lease word's room at the end of staging */
+#define GK_LEASE_HELD 1                 /* the lease word while a LEASE's pins stand */
+#define GK_RELEASE_UNANSWERED 1         /* RELEASE request flag: send no answer */
 
 enum gk_opcode {
     GK_OP_PING = 1,

@@ -104,8 +104,9 @@ static int op_hello(struct server_conn *c)
     c->pass_fds[0] = store_pool_fd(s);
     c->pass_fds[1] = c->staging.fd;
     int rc = server_reply_results(c, 1, &status, &size, 0);
-    if (rc == 0 && srv->single_tenant)
-        server_reply_flags(c, GK_HELLO_WRITABLE);
+    if (rc == 0)
+        server_reply_flags(c, (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
+                                  (c->staging.base ? GK_HELLO_LEASE_WORD : 0));
     return rc;
 }
 
@@ -166,6 +167,10 @@ static int op_lease(struct server_conn *c)
     uint64_t bytes = pin_for_read(c);
     int rc = respond_chunk_lists(c);
     c->lease_bytes = bytes;
+    /* The word tells a client whose copy is done: a lease of no bytes has
+     * no copy (nor a RELEASE; the next frame ends it). */
+    if (rc == 0 && c->holds == CONN_HOLDS_PINS && bytes > 0)
+        server_staging_lease(&c->staging, GK_LEASE_HELD);
     if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
         struct server_counters *k = &c->worker->counters;
         gk_counter_add(c->local ? &k->shm_leases : &k->rdma_leases, 1);
@@ -175,13 +180,18 @@ static int op_lease(struct server_conn *c)
 }
 
 /* Ends the lease. Status 0 promises the objects stayed pinned from the
- * LEASE answer until now, so what the client copied was theirs. */
+ * LEASE answer until now, so what the client copied was theirs; a client
+ * that saw as much in the lease word asks for no answer. */
 static int op_release(struct server_conn *c)
 {
     int32_t status = c->holds == CONN_HOLDS_LEASE ? 0
                      : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
     server_ops_release(c);
     c->lease_expired = 0;
+    if (c->req.flags & GK_RELEASE_UNANSWERED) {
+        server_reply_none(c);
+        return 0;
+    }
     return server_reply_status(c, status);
 }
 
@@ -486,6 +496,8 @@ void server_ops_release(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
 
+    if (c->holds == CONN_HOLDS_PINS || c->holds == CONN_HOLDS_LEASE)
+        server_staging_lease(&c->staging, 0);
     if (c->holds == CONN_HOLDS_PINS)
         store_unpin_batch(store_of(c), b->objs, c->req.count);
     else if (c->holds == CONN_HOLDS_LEASE)

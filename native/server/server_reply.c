@@ -30,6 +30,12 @@ uint8_t *server_reply_start(struct server_conn *c, int32_t status, uint32_t coun
     return c->out + GK_HDR_SIZE;
 }
 
+void server_reply_none(struct server_conn *c)
+{
+    c->out_len = 0;
+    c->out_sent = 0;
+}
+
 int server_reply_status(struct server_conn *c, int32_t status)
 {
     return server_reply_start(c, status, 0, 0, 0) ? 0 : GDRKV_E_INTERNAL;

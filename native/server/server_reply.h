@@ -20,6 +20,8 @@ uint8_t *server_reply_start(struct server_conn *c, int32_t status, uint32_t coun
                             uint32_t body_len, uint64_t payload_len);
 /* A status and nothing else. */
 int server_reply_status(struct server_conn *c, int32_t status);
+/* No answer at all: the frame ends once handled (an unanswered RELEASE). */
+void server_reply_none(struct server_conn *c);
 /* A refusal of the whole frame: status code, msg as the body. */
 int server_reply_error(struct server_conn *c, int32_t code, const char *msg, size_t len);
 /* One result per key (status, size); sizes may be NULL when every size is 0. */

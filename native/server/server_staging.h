@@ -8,6 +8,12 @@
  * client can't truncate it under the server's copies (SIGBUS); the server
  * maps it read-only. What the client writes there can only ever become
  * the bytes of its own PUT's objects, which it chose anyway.
+ *
+ * Its last GK_LEASE_WORD_BYTES hold the lease word (protocol.h), which the
+ * server writes and the client reads to see its lease still held without
+ * waiting for RELEASE's answer. The client may write it too: that can only
+ * make it trust bytes of its own GETs it should not have, never touch the
+ * server or another client.
  */
 #ifndef GDRKV_SERVER_STAGING_H
 #define GDRKV_SERVER_STAGING_H
@@ -15,15 +21,19 @@
 #include <stdint.h>
 
 struct server_staging {
-    const uint8_t *base;    /* the server's read-only mapping, or NULL */
-    uint64_t len;
+    const uint8_t *base;    /* the server's mapping, or NULL */
+    uint64_t len;           /* bytes for values: the memfd's but the lease word's */
+    uint32_t *lease_word;   /* after them */
     int fd;                 /* until it went with HELLO's answer, else -1 */
 };
 
-/* Makes a staging memfd of len bytes and maps it. Pages cost nothing until
- * the client writes them (and then count against the client's memory
- * cgroup, which touched them first). 0, or -1 with errno. */
+/* Makes a staging memfd for len bytes of values and the lease word, and
+ * maps it. Pages cost nothing until written (values count against the
+ * client's memory cgroup, which touches them first). 0, or -1 with errno. */
 int server_staging_open(struct server_staging *st, uint64_t len);
 void server_staging_close(struct server_staging *st);
+/* Sets the lease word: GK_LEASE_HELD when a LEASE with bytes to copy is answered, 0
+ * before they go. Ordered before everything the server does after it. */
+void server_staging_lease(struct server_staging *st, uint32_t held);
 
 #endif
