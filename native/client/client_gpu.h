@@ -52,7 +52,8 @@ struct gpu_call {
     uint8_t *bad;           /* per key: a segment is GPU memory that can't be used */
     int mode;               /* enum gpu_mode */
     uint64_t stream;        /* the caller's CUstream, or 0 */
-    struct gpu_serial *serial;  /* without one: the client's PUT streams (a PUT), or NULL */
+    struct gpu_serial *serial;  /* where a PUT launches without the caller's stream: the
+                                   client's PUT streams; NULL for a GET */
     struct gpu_stats stats;
     int error;              /* a GPU copy failed after its frame was answered */
 };

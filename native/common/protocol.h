@@ -109,7 +109,7 @@
 #define GK_HELLO_WRITABLE 1             /* HELLO response flag: single-tenant pool */
 #define GK_HELLO_LEASE_WORD 2           /* HELLO response flag: staging ends in the lease word */
 #define GK_LEASE_WORD_BYTES 64          /* the lease word's room at the end of staging */
-#define GK_LEASE_HELD 1                 /* the lease word while a LEASE's pins stand */
+#define GK_LEASE_HELD 1                 /* the lease word while a LEASE of bytes holds */
 #define GK_RELEASE_UNANSWERED 1         /* RELEASE request flag: send no answer */
 
 enum gk_opcode {
