@@ -167,11 +167,11 @@ static int op_lease(struct server_conn *c)
     uint64_t bytes = pin_for_read(c);
     int rc = respond_chunk_lists(c);
     c->lease_bytes = bytes;
-    /* The word tells a client whose copy is done: a lease of no bytes has
-     * no copy (nor a RELEASE; the next frame ends it). */
-    if (rc == 0 && c->holds == CONN_HOLDS_PINS && bytes > 0)
-        server_staging_lease(&c->staging, GK_LEASE_HELD);
     if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
+        /* The word tells a client whose copy is done: a lease of no bytes
+         * has no copy (nor a RELEASE; the next frame ends it). */
+        if (bytes > 0)
+            server_staging_lease(&c->staging, GK_LEASE_HELD);
         struct server_counters *k = &c->worker->counters;
         gk_counter_add(c->local ? &k->shm_leases : &k->rdma_leases, 1);
         gk_counter_add(c->local ? &k->shm_lease_bytes : &k->rdma_lease_bytes, bytes);
