@@ -337,7 +337,7 @@ def _interference_table(rows):
     out = [["op", "gpu_copy", "page", "D2D copy ms alone", "with gdrkv", "slowdown %",
             "gdrkv GB/s meanwhile"]]
     for r in rows:
-        op = r.get("op", "get")
+        op = r["op"]
         out.append([op.upper(), r["gpu_copy"], format_size(r["page"]),
                     f"{r['kernel_ms_alone']:.3f}", f"{r['kernel_ms_with_gdrkv']:.3f}",
                     f"{r['slowdown_pct']:.1f}", f"{r[f'gdrkv_{op}_gb_per_s']:.2f}"])
