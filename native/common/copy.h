@@ -35,6 +35,14 @@ struct gk_copy_list {
      * the cache, sparing memory the read of every destination line that a
      * cached store makes first. Reset clears it. */
     int streamed;
+    /* Set when the sources are a buffer that a device writes again soon (a
+     * connection's staging, which a GPU's copy engines fill frame after
+     * frame): each source line read is demoted from this core's caches to
+     * the shared last level. A DMA write to a line still in a core's cache
+     * waits for the snoop that takes it away, which halved a copy engine's
+     * rate into staging (docs/gpu.md). A hint: a no-op where the CPU lacks
+     * it. Reset clears it. */
+    int demote_sources;
 };
 
 /* Appends a piece; 0, or -1 when out of memory. */

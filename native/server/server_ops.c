@@ -251,6 +251,7 @@ static int op_put_staged(struct server_conn *c)
     struct gk_copy_list *copies = &c->worker->copies;
     int rc = 0;
     copies->streamed = 1;
+    copies->demote_sources = 1;
     for (uint32_t i = 0; i < n && !rc; from += b->entries[i].size, i++) {
         uint32_t nchunks;
         if (!b->objs[i])

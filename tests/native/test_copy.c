@@ -3,7 +3,8 @@
  * thread alone and with helpers, several threads through one copier at
  * once (as the server's workers copy staged PUTs), and nothing written
  * outside the pieces' destinations; every round at random either with
- * cached stores or streamed past the cache (pieces at any alignment).
+ * cached stores or streamed past the cache (pieces at any alignment), and
+ * with or without the sources' lines demoted as they are read.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -42,12 +43,14 @@ static void one_round(struct worker *w, struct gk_copy_list *l)
         at += gap + len;
     }
     l->streamed = rand_r(&w->seed) & 1;
+    l->demote_sources = rand_r(&w->seed) & 1;
     gk_copy_run(w->copier, l);
     CHECK(memcmp(w->dst, w->want, AREA) == 0,
-          "a list of %u pieces (%llu bytes, streamed %d) copied wrong", l->count,
-          (unsigned long long)l->bytes, l->streamed);
+          "a list of %u pieces (%llu bytes, streamed %d, sources demoted %d) copied wrong",
+          l->count, (unsigned long long)l->bytes, l->streamed, l->demote_sources);
     gk_copy_reset(l);
     CHECK_EQ(l->streamed, 0);
+    CHECK_EQ(l->demote_sources, 0);
 }
 
 static void *worker_main(void *arg)
