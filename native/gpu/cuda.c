@@ -4,6 +4,7 @@
 #include "cuda.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,14 +115,39 @@ const char *gk_cuda_why(void)
     return why;
 }
 
+static int read_adds(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    *(unsigned long long *)arg = info->dlpi_adds;
+    return 1;               /* the first object carries the count */
+}
+
+/* How many objects the process has loaded so far: only a new one can be
+ * the driver. */
+static unsigned long long objects_added(void)
+{
+    unsigned long long adds = 0;
+    dl_iterate_phdr(read_adds, &adds);
+    return adds;
+}
+
 const struct gk_cuda *gk_cuda_if_loaded(void)
 {
     static int present;     /* sticky once seen: the driver is never unloaded */
+    /* objects_added() + 1 when the driver was last found absent, 0 before.
+     * dlopen(RTLD_NOLOAD) searches the library path, opening files, on
+     * every miss: a CPU-only process paid it on every call. */
+    static unsigned long long absent_at;
 
     if (!__atomic_load_n(&present, __ATOMIC_ACQUIRE)) {
-        void *lib = dlopen(lib_name(), RTLD_NOW | RTLD_NOLOAD);
-        if (!lib)
+        unsigned long long adds = objects_added() + 1;
+        if (adds == __atomic_load_n(&absent_at, __ATOMIC_RELAXED))
             return NULL;
+        void *lib = dlopen(lib_name(), RTLD_NOW | RTLD_NOLOAD);
+        if (!lib) {
+            __atomic_store_n(&absent_at, adds, __ATOMIC_RELAXED);
+            return NULL;
+        }
         dlclose(lib);       /* drops only the reference NOLOAD took */
         __atomic_store_n(&present, 1, __ATOMIC_RELEASE);
     }
