@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,13 +118,13 @@ const char *gk_cuda_why(void)
 
 static int read_adds(struct dl_phdr_info *info, size_t size, void *arg)
 {
-    (void)size;
-    *(unsigned long long *)arg = info->dlpi_adds;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof info->dlpi_adds)
+        *(unsigned long long *)arg = info->dlpi_adds;
     return 1;               /* the first object carries the count */
 }
 
-/* How many objects the process has loaded so far: only a new one can be
- * the driver. */
+/* How many objects the process has loaded so far (only a new one can be
+ * the driver); 0 where the loader does not say. */
 static unsigned long long objects_added(void)
 {
     unsigned long long adds = 0;
@@ -134,14 +135,14 @@ static unsigned long long objects_added(void)
 const struct gk_cuda *gk_cuda_if_loaded(void)
 {
     static int present;     /* sticky once seen: the driver is never unloaded */
-    /* objects_added() + 1 when the driver was last found absent, 0 before.
-     * dlopen(RTLD_NOLOAD) searches the library path, opening files, on
-     * every miss: a CPU-only process paid it on every call. */
+    /* objects_added() when the driver was last found absent. dlopen with
+     * RTLD_NOLOAD searches the library path, opening files, on every miss:
+     * a CPU-only process paid it on every call. */
     static unsigned long long absent_at;
 
     if (!__atomic_load_n(&present, __ATOMIC_ACQUIRE)) {
-        unsigned long long adds = objects_added() + 1;
-        if (adds == __atomic_load_n(&absent_at, __ATOMIC_RELAXED))
+        unsigned long long adds = objects_added();
+        if (adds && adds == __atomic_load_n(&absent_at, __ATOMIC_RELAXED))
             return NULL;
         void *lib = dlopen(lib_name(), RTLD_NOW | RTLD_NOLOAD);
         if (!lib) {
