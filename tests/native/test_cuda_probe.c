@@ -27,6 +27,7 @@ static void test_a_driver_loaded_late_is_noticed(void)
 
     for (int i = 0; i < 3; i++)
         CHECK(gk_cuda_if_loaded() == NULL, "no driver is loaded yet");
+    CHECK(dlopen(lib, RTLD_NOW | RTLD_NOLOAD) == NULL, "asking loaded the driver");
 
     void *handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     CHECK(handle != NULL, "cannot load %s: %s", lib, dlerror());
