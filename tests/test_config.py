@@ -17,6 +17,7 @@ EVERY = {
     "listen": "127.0.0.1:0",
     "memory": 48 << 20,
     "workers": 3,
+    "busy_poll_us": 250,
     "hugepages": "off",
     "pretouch": False,
     "stall_timeout_ms": 1234,

@@ -31,6 +31,11 @@ def main(argv=None):
                             "(default 25%% of RAM, at most 64GiB)")
     serve.add_argument("--workers", type=int, default=0,
                        help="network threads (default 0: one per CPU, at most 16)")
+    serve.add_argument("--busy-poll-us", type=_busy_poll, default="auto", metavar="US|auto",
+                       help="after serving a frame, a network thread polls this long before "
+                            "it sleeps, so a busy client's next frame finds it awake: less "
+                            "latency for some CPU (default auto: 1000 on hosts of 8 CPUs or "
+                            "more, else 0, off)")
     serve.add_argument("--hugepages", choices=("auto", "on", "off"), default="auto")
     serve.add_argument("--no-pretouch", dest="pretouch", action="store_false",
                        help="do not fault the pool in at start (faster start, slower first writes)")
@@ -139,6 +144,7 @@ def _serve(args):
     # and the signals wait for sigwait() below instead of interrupting them.
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
     with Server(listen=args.listen, memory=args.memory, workers=args.workers,
+                busy_poll_us=args.busy_poll_us,
                 hugepages=args.hugepages, pretouch=args.pretouch,
                 stall_timeout_ms=args.stall_timeout_ms,
                 max_connections=args.max_connections,
@@ -208,6 +214,16 @@ def _pool_size(text):
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _busy_poll(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds or auto, "
+                                         f"not {text!r}") from None
 
 
 def _default_pool_size():

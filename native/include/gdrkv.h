@@ -91,6 +91,11 @@ typedef struct gdrkv_server_opts {
                                    NULL or "" = none */
     uint64_t disk_size;         /* bytes of the tier's file in each directory */
     int reset_disk;             /* start the disk files empty, whatever they hold */
+    int busy_poll_us;           /* after an event a worker polls its connections
+                                   without sleeping for this long, so a busy
+                                   client's next frame is not held up by a wakeup
+                                   (docs/operations.md); 0 = off, -1 = auto:
+                                   1000 on hosts of 8 CPUs or more, else off */
 } gdrkv_server_opts;
 
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);

@@ -450,6 +450,7 @@ static int op_auth(struct server_conn *c)
 
 int server_ops_execute(struct server_conn *c)
 {
+    c->worker->last_was_staged = c->req.opcode == GK_OP_PUT_STAGED;
     switch (c->req.opcode) {
     case GK_OP_PING: return server_reply_status(c, 0);
     case GK_OP_STATS: return op_stats(c);

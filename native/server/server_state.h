@@ -115,6 +115,7 @@ struct server_worker {
     int accepting;                  /* listeners in this epoll; off for a tick after EMFILE */
     int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
+    int last_was_staged;            /* the last frame served was a PUT_STAGED: no busy poll */
     int disk_fd;                    /* eventfd: frames parked for the disk may run again */
     pthread_mutex_t disk_lock;      /* guards disk_done */
     struct disk_frame **disk_done;  /* frames whose keys came back (server_disk.h) */
@@ -135,6 +136,7 @@ struct gdrkv_server {
     uint32_t lease_timeout_ms;
     uint64_t shm_staging_bytes;     /* each local connection's staging memfd; 0: none */
     int single_tenant;              /* local clients map the pool writable */
+    uint64_t busy_poll_ns;          /* a worker polls this long after an event before it sleeps */
     struct gk_copier copier;        /* helpers the workers share for staged PUT copies */
     int copier_ready;               /* copier initialised (destroy it) */
     struct gk_token token;          /* clients must prove they hold it; len 0: none */

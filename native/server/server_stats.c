@@ -53,6 +53,7 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     server_stats_sum(s, &sum);
     gk_text_u64(t, "uptime_seconds", (gk_now_ns() - s->started_ns) / 1000000000ull);
     gk_text_u64(t, "workers", (uint64_t)s->nworkers);
+    gk_text_u64(t, "busy_poll_us", s->busy_poll_ns / 1000u);
     gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));
     gk_text_u64(t, "local_connections_current",
                 __atomic_load_n(&s->local_connections, __ATOMIC_RELAXED));

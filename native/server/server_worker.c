@@ -9,8 +9,15 @@
  * at least every SERVER_TICK_MS to expire leases, close the connections that
  * are overdue (stalled, too slow, idle: server_conn.h) and retry the frames
  * that wait for buffer room.
+ *
+ * For busy_poll_ns after an event it polls instead of sleeping: a client's
+ * next frame (the RELEASE or COMMIT after its copy, its next call) then
+ * finds it awake. Not after a staged PUT: that client fills its staging
+ * again first, and the CPUs are better left to the copies; polling there
+ * took 1 MiB CPU PUTs over shm from 18 to 15-16 GB/s on a 16-CPU host.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,9 +355,17 @@ void *server_worker_main(void *arg)
     uint64_t tick_ns = SERVER_TICK_MS * 1000000ull;
     uint64_t next_tick = gk_now_ns() + tick_ns;
     uint64_t drain_until = 0;       /* stopping: the frames in flight may finish until then */
+    uint64_t busy_until = 0;        /* polling without sleeping until then */
 
     for (;;) {
-        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS, w->runnable ? 0 : SERVER_TICK_MS);
+        int polling = busy_until && gk_now_ns() < busy_until;
+        int n = epoll_wait(w->epoll_fd, events, WORKER_EVENTS,
+                           w->runnable || polling ? 0 : SERVER_TICK_MS);
+        /* Polling, the worker gives way to any thread waiting for its CPU:
+         * the copy helpers of staged PUTs, on either side, must not wait
+         * for a worker that has nothing to do. */
+        if (n == 0 && polling && !w->runnable)
+            sched_yield();
         if (n < 0 && errno != EINTR) {
             GK_ERROR("epoll_wait: %s; worker stops", strerror(errno));
             break;
@@ -373,6 +388,8 @@ void *server_worker_main(void *arg)
         if (w->runnable)
             run_runnable(w);
         uint64_t now = gk_now_ns();
+        if (n > 0 && w->server->busy_poll_ns)
+            busy_until = w->last_was_staged ? 0 : now + w->server->busy_poll_ns;
         if (now >= next_tick) {
             tick(w, now);
             next_tick = now + tick_ns;
