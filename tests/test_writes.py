@@ -258,6 +258,17 @@ def test_puts_are_cut_for_staging_only_through_staging(server_factory, make_clie
     assert stat(server.stats(), op) - before == (1 if single_tenant else 4)
 
 
+def test_a_call_of_more_frames_than_planning_notes(server_factory, make_client):
+    """Planning notes a call's first 64 frames while measuring it and
+    replays them (client_call.c); a call of more frames is planned again.
+    80 values of 1 MiB through staging are 80 frames, each byte-exact."""
+    server = server_factory(memory="256MiB")
+    client = shm_client(make_client, server, conns=1)
+    before = stat(server.stats(), "ops_put_staged")
+    put_and_check(client, [1 << 20], count=80)
+    assert stat(server.stats(), "ops_put_staged") - before == 80
+
+
 def test_single_tenant_reservation_dropped_with_its_connection(server_factory, make_client):
     server = server_factory(args=["--single-tenant"])
     reader = shm_client(make_client, server)
