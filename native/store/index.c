@@ -118,6 +118,13 @@ void index_prefetch(const struct index *ix, uint64_t hash)
     __builtin_prefetch(bucket_of(ix, hash));
 }
 
+void index_prefetch_chain(const struct index *ix, uint64_t hash)
+{
+    const struct index_node *n = *bucket_of(ix, hash);
+    if (n)
+        __builtin_prefetch(n);
+}
+
 void index_insert(struct index *ix, struct index_node *n)
 {
     maybe_grow(ix);

@@ -52,6 +52,9 @@ static inline uint64_t index_hash_in_ns(uint64_t key_hash, uint64_t ns_id)
 }
 /* Starts fetching the bucket a lookup of hash will read. */
 void index_prefetch(const struct index *ix, uint64_t hash);
+/* Starts fetching the first node of that bucket: reads the bucket, so
+ * index_prefetch it a while before. */
+void index_prefetch_chain(const struct index *ix, uint64_t hash);
 struct index_node *index_find(const struct index *ix, uint64_t hash, uint64_t ns_id,
                               const uint8_t *key, uint32_t key_len);
 /* n->hash, ns_id, key and key_len must be set and the key absent. */
