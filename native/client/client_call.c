@@ -300,7 +300,6 @@ static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg
                      uint64_t *size)
 {
     uint32_t len = k->key_lens[i];
-    uint64_t sum = 0;   /* a local: *size may alias the caller's arrays */
 
     *size = 0;
     /* Key length and segment count are the caller's arguments (INVALID);
@@ -314,11 +313,10 @@ static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg
     for (uint64_t s = first_seg; s < first_seg + k->seg_counts[i]; s++) {
         if (k->seg_lens[s] && !k->seg_ptrs[s])
             return GDRKV_E_INVALID;
-        if (k->seg_lens[s] > GK_MAX_OBJECT - sum)
+        if (k->seg_lens[s] > GK_MAX_OBJECT - *size)
             return GDRKV_E_TOO_LARGE;
-        sum += k->seg_lens[s];
+        *size += k->seg_lens[s];
     }
-    *size = sum;
     return 0;
 }
 
@@ -326,10 +324,6 @@ static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg
 static void route_keys(struct gdrkv_client *c, const struct client_keys *k, struct key_tables *t)
 {
     uint64_t seg = 0, key_off = 0;
-    /* One server's counts are kept in locals: through t->shares, each
-     * key's increment would wait on the last one's store. */
-    uint32_t one_count = 0;
-    uint64_t one_key_bytes = 0;
 
     for (uint32_t i = 0; i < k->n; i++) {
         int rc = check_key(k, i, seg, &t->size[i]);
@@ -338,25 +332,19 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
         if (rc) {
             k->results[i] = rc;
             t->server[i] = NO_SERVER;
-        } else if (c->nservers == 1) {
-            /* Nothing to choose, and hashing every key of a small-page
-             * batch costs as long as the server's lookups. */
-            t->server[i] = 0;
-            one_count++;
-            one_key_bytes += k->key_lens[i];
         } else {
-            uint32_t s = route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]), c->seeds,
-                                    c->nservers);
+            /* One server: nothing to choose, and hashing every key of a
+             * small-page batch costs as long as the server's lookups. */
+            uint32_t s = c->nservers == 1
+                             ? 0
+                             : route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]),
+                                          c->seeds, c->nservers);
             t->server[i] = s;
             t->shares[s].count++;
             t->shares[s].key_bytes += k->key_lens[i];
         }
         seg += k->seg_counts ? k->seg_counts[i] : 0;
         key_off += k->key_lens[i];
-    }
-    if (c->nservers == 1) {
-        t->shares[0].count = one_count;
-        t->shares[0].key_bytes = one_key_bytes;
     }
 }
 
