@@ -7,12 +7,16 @@ nowhere but its own PUTs' objects, and that a writer that dies or gives up
 leaves nothing visible and nothing held.
 
 Run as a script (`test_writes.py URL NAMESPACE`) it is a writer that puts
-big batches until it is killed."""
+big batches until it is killed; `test_writes.py URL NAMESPACE small` puts
+small batches until its server sent some back (a followed copy that
+stalled), then says how it went."""
 import mmap
 import os
 import signal
+import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,6 +76,166 @@ def test_shm_puts_go_through_staging_byte_exact(server_factory, make_client):
     assert client.stats()["client"]["shm_bytes_staged"] == moved + sum(map(len, parts))
 
 
+# ---------------------------------------------------------------- following the copy
+
+def test_frames_copied_alone_are_followed_byte_exact(server_factory, make_client):
+    """A frame whose host values the calling thread copies alone goes before
+    them, and the server copies behind the client's copy (PUT_STAGED_FOLLOW);
+    a frame of 5 MiB, which the client shares with its helpers (or copies
+    out of order), goes after them. Byte-exact either way."""
+    server = server_factory(memory="256MiB")
+    client = shm_client(make_client, server, conns=1)
+    before = server.stats()
+    moved = put_and_check(client, [4096], count=64)         # one frame of 256 KiB
+    parts = [os.urandom(n) for n in (10, 4096, 0, 70000)]
+    assert multi_segment_put(client, "multi", parts) == [0]
+    assert client.get("multi") == b"".join(parts)
+    middle = server.stats()
+    assert stat(middle, "shm_staged_followed") - stat(before, "shm_staged_followed") == 2
+    assert stat(middle, "shm_staged_bytes") - stat(before, "shm_staged_bytes") == \
+        moved + sum(map(len, parts))
+    put_and_check(client, [5 << 20], count=1)
+    after = server.stats()
+    assert stat(after, "shm_staged_puts") - stat(middle, "shm_staged_puts") == 1
+    assert stat(after, "shm_staged_followed") == stat(middle, "shm_staged_followed")
+    # A stall (this machine busy elsewhere) is sent back and comes again.
+    assert stat(after, "shm_staged_follow_stalls") == \
+        client.stats()["client"]["shm_staged_sent_again"]
+
+
+def raw_staging(conn, size):
+    """HELLO on a raw unix connection: its staging, mapped writable, and
+    the staged word's place in it."""
+    hdr, _, (pool_fd, staging_fd) = wire.hello_fds(conn)
+    os.close(pool_fd)
+    assert hdr.flags & wire.HELLO_STAGED_WORD
+    view = mmap.mmap(staging_fd, size + wire.LEASE_WORD_BYTES, mmap.MAP_SHARED,
+                     mmap.PROT_READ | mmap.PROT_WRITE)
+    os.close(staging_fd)
+    return view, size + wire.STAGED_WORD_OFFSET
+
+
+def publish(view, word_at, staged):
+    struct.pack_into("<Q", view, word_at, staged)
+
+
+def test_a_stalled_follow_is_sent_back_whole(server_factory, make_client):
+    """Over the raw protocol: a followed PUT_STAGED whose staged word stops
+    short of its last value is answered TIMEOUT with the follow flag, and
+    none of it is stored, not even the values the word covered; sent again
+    without the flag, it is stored as staged. A word raised past the values
+    at once only lets the server copy what staging holds: the client's own
+    objects."""
+    server = server_factory(args=["--shm-staging", "1MiB"])
+    reader = shm_client(make_client, server)
+    ns = reader.namespace.encode()
+    entries = [(b"a", b"A" * 5000), (b"b", b"B" * 300)]
+    with wire.connect_unix(server.unix_path) as conn:
+        view, word_at = raw_staging(conn, 1 << 20)
+        try:
+            publish(view, word_at, 0)
+            view[0:5300] = b"A" * 5000 + b"B" * 300
+            publish(view, word_at, 5000)                    # "b" never comes
+            started = time.monotonic()
+            hdr, body, _ = conn.call(wire.OP_PUT_STAGED, [(k, len(v)) for k, v in entries],
+                                     ns=ns, flags=wire.PUT_STAGED_FOLLOW)
+            waited = time.monotonic() - started
+            assert hdr.status == errors.E_TIMEOUT and hdr.flags == wire.PUT_STAGED_FOLLOW, \
+                (hdr, body)
+            assert waited < 1.0, f"the server followed a stalled copy for {waited:.3f} s"
+            assert reader.batch_exists(["a", "b"]) == [False, False]
+            assert stat(server.stats(), "reserved_objects") == 0
+
+            hdr, results, _ = conn.call(wire.OP_PUT_STAGED, [(k, len(v)) for k, v in entries],
+                                        ns=ns)
+            assert hdr.status == 0 and hdr.flags == 0 and results == [(0, 0), (0, 0)]
+            assert reader.get("a") == b"A" * 5000 and reader.get("b") == b"B" * 300
+
+            view[0:100] = b"C" * 100
+            publish(view, word_at, (1 << 64) - 1)
+            hdr, results, _ = conn.call(wire.OP_PUT_STAGED, [(b"c", 100)], ns=ns,
+                                        flags=wire.PUT_STAGED_FOLLOW)
+            assert hdr.status == 0 and results == [(0, 0)]
+            assert reader.get("c") == b"C" * 100
+        finally:
+            view.close()
+    stats = server.stats()
+    assert stat(stats, "shm_staged_followed") == 2 and stat(stats, "shm_staged_follow_stalls") == 1
+
+
+def test_a_followed_writer_that_dies_leaves_nothing(server_factory, make_client):
+    """A client gone while the server follows its copy: the server stops
+    as for a stall, drops the reservations, and nothing is visible."""
+    server = server_factory(args=["--shm-staging", "1MiB"])
+    reader = shm_client(make_client, server)
+    ns = reader.namespace.encode()
+    conn = wire.connect_unix(server.unix_path)
+    with conn:
+        view, word_at = raw_staging(conn, 1 << 20)
+        publish(view, word_at, 0)
+        view[0:64 << 10] = b"D" * (64 << 10)
+        publish(view, word_at, 64 << 10)
+        conn.send(wire.request(wire.OP_PUT_STAGED, [(b"d1", 64 << 10), (b"d2", 64 << 10)],
+                               ns=ns, flags=wire.PUT_STAGED_FOLLOW))
+        view.close()
+    wait_for(lambda: stat(server.stats(), "shm_staged_follow_stalls") == 1, 5,
+             "the server to stop following")
+    wait_for(lambda: stat(server.stats(), "reserved_objects") == 0, 5,
+             "the reservations to be dropped")
+    assert reader.batch_exists(["d1", "d2"]) == [False, False]
+    assert reader.get("d1") is None
+
+
+def stalling_writer_main(url, ns):
+    """Puts batches of 96 x 4 KiB (one frame its thread copies alone, so
+    followed) until the server sent 2 frames back, or 20 s passed; prints
+    the batches, how many came back, and the keys that failed."""
+    client = gdrkv.Client(url, namespace=ns, transport="shm", conns=1, timeout_ms=30000)
+    size, count, n, failed = 4096, 96, 0, 0
+    buf = bytearray(size * count)
+    ptr, _ = client.register(buf)
+    deadline = time.monotonic() + 20
+    while client.stats()["client"]["shm_staged_sent_again"] < 2 and time.monotonic() < deadline:
+        keys = [f"stall-{n}-{i}" for i in range(count)]
+        for i, key in enumerate(keys):
+            buf[i * size:(i + 1) * size] = content(key, size)
+        results = client.batch_put(keys, [ptr + i * size for i in range(count)], [size] * count)
+        failed += sum(r != 0 for r in results)
+        n += 1
+    print(n, client.stats()["client"]["shm_staged_sent_again"], failed, flush=True)
+
+
+def test_a_writer_held_up_mid_copy_sends_its_frames_again(server_factory, make_client):
+    """The real client held up (SIGSTOP) while the server follows its copy:
+    the server sends the frame back, the client sends it again once its copy
+    is done, and every batch is stored byte-exact."""
+    server = server_factory(memory="256MiB")
+    ns = unique("stall")
+    writer = subprocess.Popen([sys.executable, __file__, server.url, ns, "small"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        while writer.poll() is None:
+            writer.send_signal(signal.SIGSTOP)
+            time.sleep(0.01)        # past the server's patience (FOLLOW_STALL_NS)
+            writer.send_signal(signal.SIGCONT)
+            time.sleep(0.003)
+        out = writer.stdout.read().split()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.wait(10)
+        writer.stdout.close()
+    assert writer.returncode == 0 and len(out) == 3, out
+    batches, sent_again, failed = map(int, out)
+    assert sent_again >= 2 and failed == 0, out
+    assert stat(server.stats(), "shm_staged_follow_stalls") == sent_again
+    reader = make_client(server.url, namespace=ns, transport="shm")
+    keys = [f"stall-{n}-{i}" for n in range(batches) for i in range(96)]
+    results, values = batch_get_bytes(reader, keys, [4096] * len(keys))
+    assert all(check_read(k, 4096, r, v) for k, r, v in zip(keys, results, values))
+
+
 def test_values_larger_than_staging_go_on_the_socket(server_factory, make_client):
     server = server_factory(memory="256MiB", args=["--shm-staging", "1MiB"])
     client = shm_client(make_client, server)
@@ -106,7 +270,7 @@ def test_staging_is_sealed_and_the_pool_stays_read_only(server_factory):
         hdr, results, fds = wire.hello_fds(conn)
     pool_fd, staging_fd = fds
     try:
-        assert hdr.status == 0 and hdr.flags == wire.HELLO_LEASE_WORD
+        assert hdr.status == 0 and hdr.flags == wire.HELLO_LEASE_WORD | wire.HELLO_STAGED_WORD
         # Room for 4 MiB of values, then the lease word's (docs/protocol.md).
         assert os.fstat(staging_fd).st_size == (4 << 20) + wire.LEASE_WORD_BYTES
         size = results[0][1]
@@ -230,7 +394,7 @@ def test_single_tenant_writes_straight_into_the_pool(server_factory, make_client
         hdr, _, fds = wire.hello_fds(conn)
         for fd in fds:
             os.close(fd)
-    assert hdr.flags == wire.HELLO_WRITABLE | wire.HELLO_LEASE_WORD
+    assert hdr.flags == wire.HELLO_WRITABLE | wire.HELLO_LEASE_WORD | wire.HELLO_STAGED_WORD
     client = shm_client(make_client, server)
     moved = put_and_check(client, SIZES)
     parts = [os.urandom(n) for n in (10, 4096, 0, 70000)]
@@ -286,4 +450,7 @@ def test_single_tenant_reservation_dropped_with_its_connection(server_factory, m
 
 
 if __name__ == "__main__":
-    writer_main(*sys.argv[1:])
+    if sys.argv[3:] == ["small"]:
+        stalling_writer_main(*sys.argv[1:3])
+    else:
+        writer_main(*sys.argv[1:])

@@ -42,7 +42,10 @@ OP_AUTH = 14        # before anything else, on a server with a token
 OP_PUT_STAGED = 15  # shm: values in the connection's staging memfd
 HELLO_WRITABLE = 1  # HELLO answer flag: single-tenant server
 HELLO_LEASE_WORD = 2  # HELLO answer flag: staging ends in the lease word
+HELLO_STAGED_WORD = 4  # HELLO answer flag: ... whose room holds the staged word
 LEASE_WORD_BYTES = 64
+STAGED_WORD_OFFSET = 8  # the staged word's place in the lease word's room
+PUT_STAGED_FOLLOW = 1  # PUT_STAGED flag: follow the staged word; answer: send it again
 RELEASE_UNANSWERED = 1  # RELEASE request flag: no answer
 OP_RESPONSE = 0x80
 AUTH_NONCE_SIZE = 32
@@ -101,14 +104,14 @@ def decode_body(body, count):
     return ns, entries
 
 
-def request(opcode, entries=(), ns=b"", payload=b"", req_id=1):
+def request(opcode, entries=(), ns=b"", payload=b"", req_id=1, flags=0):
     """A well-formed request frame. entries: (key bytes, size) pairs; keyed
     opcodes always get a body (CLEAR's has no entries)."""
     entries = list(entries)
     keyed = opcode in (OP_EXISTS, OP_GET, OP_PUT, OP_DELETE, OP_CLEAR, OP_LEASE, OP_RESERVE,
                        OP_PUT_STAGED)
     body = encode_body(entries, ns) if keyed else b""
-    hdr = Header(opcode=opcode, count=len(entries), body_len=len(body),
+    hdr = Header(opcode=opcode, flags=flags, count=len(entries), body_len=len(body),
                  payload_len=len(payload), req_id=req_id)
     return hdr.pack() + body + payload
 
@@ -200,9 +203,9 @@ class Conn:
         ns, entries = decode_body(body, hdr.count) if hdr.body_len else (b"", [])
         return hdr, ns, entries, payload
 
-    def call(self, opcode, entries=(), ns=b"", payload=b"", req_id=1):
+    def call(self, opcode, entries=(), ns=b"", payload=b"", req_id=1, flags=0):
         """Sends a request and returns (header, results or body, payload)."""
-        self.send(request(opcode, entries, ns, payload, req_id))
+        self.send(request(opcode, entries, ns, payload, req_id, flags))
         hdr, body, payload = self.read_frame()
         results = body if opcode == OP_STATS or hdr.status else decode_results(body)
         return hdr, results, payload

@@ -32,6 +32,11 @@
 /* Of an error response's message, what the debug log shows. */
 #define CLIENT_CONN_LOG_MESSAGE 200
 
+/* A followed frame's copy raises the staged word at least this often: the
+ * server's copy starts this far behind, and each raise moves the word's
+ * cache line between the two cores. */
+#define CLIENT_STAGED_PUBLISH_BYTES (32u << 10)
+
 /* rdma: the QPs made and the RDMA_HELLO sent on the fresh tcp socket fd,
  * its answer read by the call's poll loop, so a server that never answers
  * holds up only its own keys. A fresh socket takes its ~200 bytes. Returns
@@ -184,12 +189,13 @@ int client_conn_usable(const struct client_conn *c)
 }
 
 static void encode_request(const struct client_batch *b, const struct client_frame *f,
-                           uint8_t opcode, uint64_t req_id)
+                           uint8_t opcode, uint64_t req_id, uint16_t flags)
 {
     struct gk_hdr h = {
         .magic = GK_MAGIC,
         .version = GK_VERSION,
         .opcode = opcode,
+        .flags = flags,
         .count = f->count,
         .body_len = f->body_len,
         .payload_len = opcode == GK_OP_PUT ? f->payload_len : 0,
@@ -244,7 +250,8 @@ static const struct client_exchange exchanges[] = {
     /* shm GET: copied out of the mapped pool, then the lease confirmed */
     [EXCHANGE_SHM_LEASE] = {GK_OP_LEASE, copy_leased, GK_OP_RELEASE, end_lease, 0},
     /* shm PUT: copied into the connection's staging before the request
-     * goes (stage_values); the server copies them into the pool */
+     * goes (stage_values), or after it with the server copying behind
+     * (follows); the server copies them into the pool */
     [EXCHANGE_SHM_STAGED] = {GK_OP_PUT_STAGED, take_plain, 0, NULL, 0},
     /* shm PUT, single-tenant server: copied into the reserved chunks, then committed */
     [EXCHANGE_SHM_RESERVE] = {GK_OP_RESERVE, copy_reserved, GK_OP_COMMIT, take_commit, 0},
@@ -316,6 +323,45 @@ static int stage_values(struct client_conn *c)
     return rc;
 }
 
+/* Whether a PUT_STAGED frame goes before its values (PUT_STAGED_FOLLOW):
+ * the server then reserves while this thread copies them into staging,
+ * and copies each into the pool as soon as the staged word says it is
+ * there, instead of starting only once all are. Only host values this
+ * thread copies alone, in order, can be followed: a GPU gather, or a copy
+ * shared with the helpers, fills staging out of order. */
+static int follows(const struct client_conn *c)
+{
+    return c->ex == &exchanges[EXCHANGE_SHM_STAGED] && c->staging.staged_word &&
+           !c->batch->gpu && c->frame->payload_len < c->batch->copier->parallel_bytes;
+}
+
+/* A followed frame's values, copied once its request is sent. */
+static void stage_followed(struct client_conn *c)
+{
+    gk_copy_run_published(&c->copies, c->staging.base, c->staging.staged_word,
+                          CLIENT_STAGED_PUBLISH_BYTES);
+    gk_copy_reset(&c->copies);
+    c->batch->shm_bytes_staged += c->frame->payload_len;
+    c->follow = FOLLOW_SENT;
+}
+
+/* The server stopped following the frame (the staged word stood still
+ * while this thread was held up): its values are all in staging by now,
+ * and the frame goes again, whole. */
+static int send_again_whole(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+
+    b->shm_staged_sent_again++;
+    c->follow = FOLLOW_NONE;
+    expect_answer(c, GK_OP_PUT_STAGED, c->next_req_id++, take_request_answer);
+    encode_request(b, f, GK_OP_PUT_STAGED, c->req_id, 0);
+    c->phase = CLIENT_CONN_SEND;
+    client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, f->first, 0, b->sizes);
+    return 0;
+}
+
 /* Chooses the frame's exchange, encodes its request and starts sending it. */
 static void begin_frame(struct client_conn *c)
 {
@@ -325,13 +371,18 @@ static void begin_frame(struct client_conn *c)
     c->ex = choose_exchange(c);
     uint8_t op = c->ex->request ? c->ex->request : b->opcode;
     expect_answer(c, op, c->next_req_id++, take_request_answer);
-    encode_request(b, f, op, c->req_id);
+    c->follow = follows(c) ? FOLLOW_TO_COPY : FOLLOW_NONE;
+    encode_request(b, f, op, c->req_id, c->follow ? GK_PUT_STAGED_FOLLOW : 0);
     c->phase = CLIENT_CONN_SEND;
     c->why = NULL;
     /* GPU segments: PUT values gathered into staging, socket GET values
      * received into it (the iov below reads b->seg_ptrs, now redirected). */
     c->start_err = b->gpu && c->ex->staged ? gpu_conn_start(&c->gpu, b, f, 1) : 0;
-    if (c->ex == &exchanges[EXCHANGE_SHM_STAGED]) {
+    if (c->follow) {
+        /* Read by the server only after it has the request. */
+        gk_copy_publish(c->staging.staged_word, 0);
+        c->start_err = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, NULL);
+    } else if (c->ex == &exchanges[EXCHANGE_SHM_STAGED]) {
         int rc = stage_values(c);
         c->start_err = GK_MIN(rc, 0);
         if (rc == 1)
@@ -440,6 +491,8 @@ static int send_request(struct client_conn *c)
         if ((size_t)n < want)
             return 0;   /* socket buffer full: wait for POLLOUT */
     }
+    if (c->follow == FOLLOW_TO_COPY)
+        stage_followed(c);
     c->phase = CLIENT_CONN_RECV_HEAD;
     if (c->unanswered) {
         c->unanswered = 0;
@@ -600,6 +653,9 @@ static int take_request_answer(struct client_conn *c)
 
     if (h->status == 0)
         return c->ex->answer(c);
+    if (c->follow == FOLLOW_SENT && h->status == GDRKV_E_TIMEOUT &&
+        (h->flags & GK_PUT_STAGED_FOLLOW))
+        return send_again_whole(c);
     GK_DEBUG("fd %d: server refused a %s frame (%s): %.*s", c->fd, gk_op_name(c->batch->opcode),
              gdrkv_strerror(h->status), (int)GK_MIN(h->body_len, CLIENT_CONN_LOG_MESSAGE),
              (const char *)c->body);

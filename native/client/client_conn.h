@@ -49,6 +49,13 @@ enum client_conn_phase {
                                    request (PUT_STAGED) or COMMIT (RESERVE) goes */
 };
 
+/* A PUT_STAGED frame the server follows (client_conn.c, follows()). */
+enum client_conn_follow {
+    FOLLOW_NONE,
+    FOLLOW_TO_COPY,             /* its values are copied once the request is sent */
+    FOLLOW_SENT                 /* copied: the answer may send the frame back */
+};
+
 struct client_exchange;
 struct client_pool;
 struct gpu_conn;
@@ -91,6 +98,7 @@ struct client_conn {
     const char *why;            /* what failed, for the log */
     uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
     int unanswered;             /* the request being sent gets no answer: it ends the frame */
+    enum client_conn_follow follow;
     struct client_iov io;
 };
 

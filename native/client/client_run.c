@@ -285,4 +285,5 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     gk_counter_add(&c->counters.shm_bytes_staged, call->batch.shm_bytes_staged);
     gk_counter_add(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
     gk_counter_add(&c->counters.shm_leases_seen_held, call->batch.shm_leases_seen_held);
+    gk_counter_add(&c->counters.shm_staged_sent_again, call->batch.shm_staged_sent_again);
 }

@@ -216,7 +216,7 @@ int client_shm_writable(struct client_endpoint *ep)
 /* Maps the connection's staging memfd, when the server gave one that is
  * sealed against shrinking; without it PUTs simply go on the socket. With
  * lease_word, its last GK_LEASE_WORD_BYTES are the lease word's. */
-static void map_staging(struct client_endpoint *ep, int fd, int lease_word,
+static void map_staging(struct client_endpoint *ep, int fd, int lease_word, int staged_word,
                         struct client_staging *st)
 {
     struct stat sb;
@@ -238,6 +238,9 @@ static void map_staging(struct client_endpoint *ep, int fd, int lease_word,
     st->map_len = (uint64_t)sb.st_size;
     st->len = st->map_len - (lease_word ? GK_LEASE_WORD_BYTES : 0);
     st->lease_word = lease_word ? (const uint32_t *)(st->base + st->len) : NULL;
+    st->staged_word = lease_word && staged_word
+                          ? (uint64_t *)(st->base + st->len + GK_STAGED_WORD_OFFSET)
+                          : NULL;
 }
 
 void client_staging_unmap(struct client_staging *st)
@@ -248,6 +251,7 @@ void client_staging_unmap(struct client_staging *st)
     munmap(st->base, st->map_len);
     st->base = NULL;
     st->lease_word = NULL;
+    st->staged_word = NULL;
 }
 
 int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
@@ -276,6 +280,7 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
     }
     *pool = pool_of(ep, a.fds[0], a.size, (a.flags & GK_HELLO_WRITABLE) != 0);
     map_staging(ep, a.nfds > 1 ? a.fds[1] : -1, (a.flags & GK_HELLO_LEASE_WORD) != 0,
+                (a.flags & GK_HELLO_STAGED_WORD) != 0,
                 staging);
     hello_drop(&a);     /* the mappings keep the memory */
     if (!*pool) {

@@ -61,6 +61,7 @@ struct gpu_call;
     OWN(shm_bytes_staged)           /* PUT bytes copied into staging or the pool */             \
     OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
     OWN(shm_leases_seen_held)       /* LEASE frames whose RELEASE went unanswered */            \
+    OWN(shm_staged_sent_again)      /* followed PUT_STAGED frames the server sent back */       \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     FROM(rdma_read_frames, gk_counter_get(&c->rdma->read_frames))                               \
     FROM(rdma_write_frames, gk_counter_get(&c->rdma->write_frames))                             \
@@ -146,6 +147,7 @@ struct client_staging {
     uint64_t len;           /* bytes for values */
     uint64_t map_len;
     const uint32_t *lease_word; /* after the values (GK_HELLO_LEASE_WORD), or NULL */
+    uint64_t *staged_word;      /* GK_HELLO_STAGED_WORD: bytes staged so far, or NULL */
     int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
     uint64_t gpu_dptr;      /* where the GPU writes base (client_gpu.c) */
 };
@@ -209,6 +211,7 @@ struct client_batch {
     uint64_t shm_bytes_staged;
     uint64_t shm_leases_expired;
     uint64_t shm_leases_seen_held;
+    uint64_t shm_staged_sent_again;
 };
 
 /* One request and its response. */

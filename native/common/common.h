@@ -23,6 +23,16 @@ static inline uint64_t gk_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* One beat of a spin-wait: tells the core (and its hyperthread sibling) so. */
+static inline void gk_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 static inline uint16_t gk_load16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t gk_load32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t gk_load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }

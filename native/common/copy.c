@@ -110,6 +110,18 @@ static void copy_piece(const struct gk_copy_list *l, uint8_t *dst, const uint8_t
     }
 }
 
+/* Streamed stores are weakly ordered: they must all be visible before
+ * whatever this copy's end publishes (a commit, an answer, the word). */
+static void fence_streamed(const struct gk_copy_list *l)
+{
+#if defined(__SSE2__)
+    if (l->streamed)
+        _mm_sfence();
+#else
+    (void)l;
+#endif
+}
+
 /* Copies bytes [from, to) of the list's concatenated pieces. */
 static void copy_range(const struct gk_copy_list *l, uint64_t from, uint64_t to)
 {
@@ -121,12 +133,50 @@ static void copy_range(const struct gk_copy_list *l, uint64_t from, uint64_t to)
             copy_piece(l, p->dst + (start - at), p->src + (start - at), (size_t)(end - start));
         at += p->len;
     }
-#if defined(__SSE2__)
-    /* Streamed stores are weakly ordered: they must all be visible before
-     * whatever this copy's end publishes (a commit, an answer). */
-    if (l->streamed)
-        _mm_sfence();
-#endif
+    fence_streamed(l);
+}
+
+void gk_copy_publish(uint64_t *word, uint64_t bytes)
+{
+    __atomic_store_n(word, bytes, __ATOMIC_RELEASE);
+}
+
+void gk_copy_run_published(const struct gk_copy_list *l, const uint8_t *base, uint64_t *word,
+                           uint64_t publish_bytes)
+{
+    uint64_t unpublished = 0;
+    for (uint32_t i = 0; i < l->count; i++) {
+        const struct gk_copy_piece *p = &l->pieces[i];
+        copy_piece(l, p->dst, p->src, p->len);
+        unpublished += p->len;
+        if (unpublished >= publish_bytes || i + 1 == l->count) {
+            fence_streamed(l);
+            gk_copy_publish(word, (uint64_t)(p->dst - base) + p->len);
+            unpublished = 0;
+        }
+    }
+}
+
+int gk_copy_follow(const struct gk_copy_list *l, const uint8_t *base, const uint64_t *word,
+                   int (*wait)(void *arg, uint64_t have, uint64_t need), void *arg)
+{
+    uint64_t have = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < l->count && !rc; i++) {
+        const struct gk_copy_piece *p = &l->pieces[i];
+        uint64_t need = (uint64_t)(p->src - base) + p->len;
+        /* The word is read again only when what it said last falls short:
+         * it is the writer's cache line. */
+        while (have < need && !rc) {
+            have = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+            if (have < need && wait(arg, have, need))
+                rc = -1;
+        }
+        if (!rc)
+            copy_piece(l, p->dst, p->src, p->len);
+    }
+    fence_streamed(l);
+    return rc;
 }
 
 static void copy_share(const struct gk_copy_job *j, int share)

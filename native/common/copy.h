@@ -73,4 +73,20 @@ void gk_copier_destroy(struct gk_copier *c);
 /* Runs every copy of l; returns when all bytes are in place. */
 void gk_copy_run(struct gk_copier *c, const struct gk_copy_list *l);
 
+/* Copying behind a writer in another process (a staged PUT the server
+ * follows, docs/transports.md). The writer's list has its destinations in
+ * one buffer, from base on in increasing order; it copies them in order
+ * and tells how far it got through a word in shared memory, every
+ * publish_bytes and at the end: the count of bytes in place from base on. */
+void gk_copy_publish(uint64_t *word, uint64_t bytes);
+void gk_copy_run_published(const struct gk_copy_list *l, const uint8_t *base, uint64_t *word,
+                           uint64_t publish_bytes);
+/* The follower's list has its sources in that buffer (from base on, in
+ * increasing order); each piece is copied once the word covers it. While
+ * it does not, wait(arg, have, need) is called with the word's value and
+ * the one needed: nonzero stops the copy there, and -1 is returned. 0 once
+ * every piece is copied. */
+int gk_copy_follow(const struct gk_copy_list *l, const uint8_t *base, const uint64_t *word,
+                   int (*wait)(void *arg, uint64_t have, uint64_t need), void *arg);
+
 #endif

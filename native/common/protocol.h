@@ -37,11 +37,24 @@
  *            word, a u32 the server sets to 1 when it answers a LEASE
  *            with bytes to copy and to 0 before it lets any of its pins
  *            go (RELEASE, expiry, the next frame, the connection's end).
+ *            Response flag GK_HELLO_STAGED_WORD (with LEASE_WORD): the
+ *            u64 at GK_STAGED_WORD_OFFSET in the lease word's room is the
+ *            staged word, which the client writes and the server reads
+ *            to follow a PUT_STAGED_FOLLOW.
  *   PUT_STAGED: a PUT whose values the client copied into the
  *            connection's staging memfd, from offset 0 in entry order, as
  *            a PUT payload would be: entry sizes are the value sizes and
  *            their sum at most the staging size; no payload. The server
  *            copies them into the pool; the answer is PUT's.
+ *            Request flag GK_PUT_STAGED_FOLLOW: the values are being
+ *            copied still. The client set the staged word to 0 before it
+ *            sent the request and raises it, as it copies, to the count
+ *            of staging bytes in place from offset 0; the server copies
+ *            each value once the word covers it. When the word stops
+ *            rising, the server stops: nothing of the frame is stored, and
+ *            the answer is frame status TIMEOUT with the same flag set,
+ *            which asks the client to send the frame again without it
+ *            once its values are in place.
  *   LEASE:   a GET that answers with pool offsets instead of bytes: the
  *            results, then for each result with status 0, in entry order,
  *            u32 nchunks | u32 reserved | nchunks x (u64 off | u64 len).
@@ -110,6 +123,10 @@
 #define GK_HELLO_LEASE_WORD 2           /* HELLO response flag: staging ends in the lease word */
 #define GK_LEASE_WORD_BYTES 64          /* the lease word's room at the end of staging */
 #define GK_LEASE_HELD 1                 /* the lease word while a LEASE of bytes holds */
+#define GK_HELLO_STAGED_WORD 4          /* HELLO response flag: staging has the staged word */
+#define GK_STAGED_WORD_OFFSET 8         /* the staged word's place in the lease word's room */
+#define GK_PUT_STAGED_FOLLOW 1          /* PUT_STAGED flag: follow the staged word (request);
+                                           stopped, send it again without (response) */
 #define GK_RELEASE_UNANSWERED 1         /* RELEASE request flag: send no answer */
 
 enum gk_opcode {

@@ -5,6 +5,7 @@
 #include "server_ops.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -104,9 +105,10 @@ static int op_hello(struct server_conn *c)
     c->pass_fds[0] = store_pool_fd(s);
     c->pass_fds[1] = c->staging.fd;
     int rc = server_reply_results(c, 1, &status, &size, 0);
+    uint16_t staging_words = GK_HELLO_LEASE_WORD | GK_HELLO_STAGED_WORD;
     if (rc == 0)
         server_reply_flags(c, (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
-                                  (c->staging.base ? GK_HELLO_LEASE_WORD : 0));
+                                  (c->staging.base ? staging_words : 0));
     return rc;
 }
 
@@ -225,6 +227,62 @@ int server_ops_finish_put(struct server_conn *c)
     return server_reply_results(c, n, b->status, NULL, 0);
 }
 
+/* Following a client's copy into staging (PUT_STAGED_FOLLOW). The client
+ * copies at memory speed and raises the staged word every few tens of KiB,
+ * so a word that stands still means a client descheduled, or gone. The
+ * worker spins while the word moved lately, then yields its core at each
+ * look (the client may be waiting for that very core), and stops once the
+ * word stood still for FOLLOW_STALL_NS: the client sends the frame again
+ * when its copy is done, and the worker's other connections wait no
+ * longer than that. */
+#define FOLLOW_SPIN_NS 50000ull
+#define FOLLOW_STALL_NS 2000000ull
+#define FOLLOW_CLOCK_EVERY 64       /* spins between two looks at the clock */
+
+struct follow {
+    uint64_t have;          /* the word, when it last moved */
+    uint64_t moved_ns;      /* and when that was */
+    uint32_t spins;
+    int yielding;
+};
+
+static int follow_wait(void *arg, uint64_t have, uint64_t need)
+{
+    struct follow *f = arg;
+    (void)need;
+    if (have != f->have) {
+        *f = (struct follow){.have = have, .moved_ns = gk_now_ns()};
+    } else if (!f->yielding && ++f->spins % FOLLOW_CLOCK_EVERY) {
+        gk_cpu_relax();
+        return 0;
+    }
+    uint64_t still = gk_now_ns() - f->moved_ns;
+    if (still > FOLLOW_STALL_NS)
+        return 1;
+    f->yielding = still > FOLLOW_SPIN_NS;
+    if (f->yielding)
+        sched_yield();
+    return 0;
+}
+
+/* Copies the planned values into the pool: behind the client's own copy
+ * when it asked to be followed, else all at once (a large frame shared
+ * with the helpers: one core's memory bandwidth is below what a GPU or
+ * several clients put in staging). 0, or 1 when the client's copy stalled. */
+static int copy_staged(struct server_conn *c, const struct gk_copy_list *copies)
+{
+    if (!(c->req.flags & GK_PUT_STAGED_FOLLOW)) {
+        gk_copy_run(&c->worker->server->copier, copies);
+        return 0;
+    }
+    struct follow f = {.moved_ns = gk_now_ns()};
+    gk_counter_add(&c->worker->counters.shm_staged_followed, 1);
+    if (gk_copy_follow(copies, c->staging.base, c->staging.staged_word, follow_wait, &f) == 0)
+        return 0;
+    gk_counter_add(&c->worker->counters.shm_staged_follow_stalls, 1);
+    return 1;
+}
+
 /* PUT_STAGED: the values are in the connection's staging memfd, laid out
  * as a PUT payload; each reserved object's bytes are copied from there
  * into its chunks, then committed. Values of keys already stored or
@@ -262,14 +320,19 @@ static int op_put_staged(struct server_conn *c)
             rc = gk_copy_add(copies, base + ch[k].off, from + off, ch[k].len);
         copied += off;
     }
-    /* A large frame's copy is shared with the helpers: one core's memory
-     * bandwidth is below what a GPU or several clients put in staging. */
-    if (rc == 0)
-        gk_copy_run(&c->worker->server->copier, copies);
+    int stalled = rc == 0 && copy_staged(c, copies);
     gk_copy_reset(copies);
-    if (rc) {       /* the reservations are aborted when the frame ends */
+    /* The reservations are aborted when the frame ends. */
+    if (rc) {
         static const char oom[] = "out of memory planning the staged copies";
         return server_reply_error(c, GDRKV_E_INTERNAL, oom, sizeof oom - 1);
+    }
+    if (stalled) {
+        static const char slow[] = "the staged word stood still: send the frame again";
+        rc = server_reply_error(c, GDRKV_E_TIMEOUT, slow, sizeof slow - 1);
+        if (rc == 0)
+            server_reply_flags(c, GK_PUT_STAGED_FOLLOW);
+        return rc;
     }
     struct server_counters *k = &c->worker->counters;
     gk_counter_add(&k->shm_staged_puts, 1);

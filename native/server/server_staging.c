@@ -29,6 +29,7 @@ int server_staging_open(struct server_staging *st, uint64_t len)
     st->base = base;
     st->len = len;
     st->lease_word = (uint32_t *)((uint8_t *)base + len);
+    st->staged_word = (const uint64_t *)((uint8_t *)base + len + GK_STAGED_WORD_OFFSET);
     st->fd = fd;
     return 0;
 }
@@ -50,5 +51,6 @@ void server_staging_close(struct server_staging *st)
         close(st->fd);
     st->base = NULL;
     st->lease_word = NULL;
+    st->staged_word = NULL;
     st->fd = -1;
 }

@@ -13,7 +13,11 @@
  * server writes and the client reads to see its lease still held without
  * waiting for RELEASE's answer. The client may write it too: that can only
  * make it trust bytes of its own GETs it should not have, never touch the
- * server or another client.
+ * server or another client. The same room holds the staged word, which
+ * the client writes as it copies a PUT_STAGED_FOLLOW's values and the
+ * server reads to copy behind it; a wrong one can only make the server
+ * copy staging bytes, within the frame's values, into the client's own
+ * objects too early, or stop and send the frame back.
  */
 #ifndef GDRKV_SERVER_STAGING_H
 #define GDRKV_SERVER_STAGING_H
@@ -24,6 +28,7 @@ struct server_staging {
     const uint8_t *base;    /* the server's mapping, or NULL */
     uint64_t len;           /* bytes for values: the memfd's but the lease word's */
     uint32_t *lease_word;   /* after them */
+    const uint64_t *staged_word;    /* in that room: staging bytes in place (PUT_STAGED_FOLLOW) */
     int fd;                 /* until it went with HELLO's answer, else -1 */
 };
 

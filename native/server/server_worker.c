@@ -358,13 +358,8 @@ static int close_between_frames(struct server_worker *w)
 static void between_polls(void)
 {
     sched_yield();
-    for (int i = 0; i < 64; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ volatile("yield");
-#endif
-    }
+    for (int i = 0; i < 64; i++)
+        gk_cpu_relax();
 }
 
 void *server_worker_main(void *arg)
