@@ -163,6 +163,76 @@ def test_a_stalled_follow_is_sent_back_whole(server_factory, make_client):
     assert stat(stats, "shm_staged_followed") == 2 and stat(stats, "shm_staged_follow_stalls") == 1
 
 
+def test_the_server_copies_only_what_the_word_covers(server_factory, make_client):
+    """A followed PUT_STAGED sent while staging still holds other bytes,
+    its values written and the word raised only afterwards: what is stored
+    is the values, never what staging held when the request came. (A
+    server too busy to follow in time sends the frame back; tried again.)"""
+    server = server_factory(args=["--shm-staging", "1MiB"])
+    reader = shm_client(make_client, server)
+    ns = reader.namespace.encode()
+    with wire.connect_unix(server.unix_path) as conn:
+        view, word_at = raw_staging(conn, 1 << 20)
+        try:
+            for attempt in range(10):
+                key = f"late-{attempt}".encode()
+                value = os.urandom(200 << 10)
+                publish(view, word_at, 0)
+                view[0:len(value)] = b"\xee" * len(value)
+                conn.send(wire.request(wire.OP_PUT_STAGED, [(key, len(value))], ns=ns,
+                                       flags=wire.PUT_STAGED_FOLLOW))
+                time.sleep(0.0003)
+                view[0:len(value)] = value
+                publish(view, word_at, len(value))
+                hdr, body, _ = conn.read_frame()
+                if hdr.status == 0:
+                    assert wire.decode_results(body) == [(0, 0)]
+                    assert reader.get(key) == value
+                    break
+                assert hdr.status == errors.E_TIMEOUT and hdr.flags == wire.PUT_STAGED_FOLLOW
+                assert reader.get(key) is None
+            else:
+                pytest.fail("every followed frame was sent back")
+        finally:
+            view.close()
+
+
+def test_a_word_raised_a_byte_at_a_time_holds_the_server_briefly(server_factory, make_client):
+    """A client that keeps raising the staged word, a byte at a time,
+    holds its worker no longer than the frame's deadline (2 ms plus a copy
+    at 1 GB/s: 2.5 ms here, where the word would take ~0.2 s to cover the
+    value): the frame is sent back and nothing is stored."""
+    size = 512 << 10
+    server = server_factory(args=["--shm-staging", "1MiB", "--workers", "1"])
+    reader = shm_client(make_client, server)
+    ns = reader.namespace.encode()
+    with wire.connect_unix(server.unix_path) as conn:
+        view, word_at = raw_staging(conn, 1 << 20)
+        publish(view, word_at, 0)
+        creeper = os.fork()     # a process of its own: no GIL pauses in its creep
+        if creeper == 0:
+            try:
+                end = time.monotonic() + 2
+                staged = 0
+                while staged < size and time.monotonic() < end:
+                    staged += 1
+                    publish(view, word_at, staged)
+            finally:
+                os._exit(0)
+        try:
+            started = time.monotonic()
+            hdr, body, _ = conn.call(wire.OP_PUT_STAGED, [(b"creep", size)], ns=ns,
+                                     flags=wire.PUT_STAGED_FOLLOW)
+            waited = time.monotonic() - started
+            assert hdr.status == errors.E_TIMEOUT and hdr.flags == wire.PUT_STAGED_FOLLOW, \
+                (hdr, body)
+            assert waited < 0.05, f"a creeping word held the worker {waited:.3f} s"
+            assert reader.batch_exists(["creep"]) == [False]
+        finally:
+            os.waitpid(creeper, 0)
+            view.close()
+
+
 def test_a_followed_writer_that_dies_leaves_nothing(server_factory, make_client):
     """A client gone while the server follows its copy: the server stops
     as for a stall, drops the reservations, and nothing is visible."""
@@ -228,7 +298,7 @@ def test_a_writer_held_up_mid_copy_sends_its_frames_again(server_factory, make_c
         writer.stdout.close()
     assert writer.returncode == 0 and len(out) == 3, out
     batches, sent_again, failed = map(int, out)
-    assert sent_again >= 2 and failed == 0, out
+    assert sent_again >= 1 and failed == 0, out
     assert stat(server.stats(), "shm_staged_follow_stalls") == sent_again
     reader = make_client(server.url, namespace=ns, transport="shm")
     keys = [f"stall-{n}-{i}" for n in range(batches) for i in range(96)]

@@ -144,16 +144,27 @@ void gk_copy_publish(uint64_t *word, uint64_t bytes)
 void gk_copy_run_published(const struct gk_copy_list *l, const uint8_t *base, uint64_t *word,
                            uint64_t publish_bytes)
 {
-    uint64_t unpublished = 0;
+    uint64_t unpublished = 0, in_place = 0;
     for (uint32_t i = 0; i < l->count; i++) {
         const struct gk_copy_piece *p = &l->pieces[i];
-        copy_piece(l, p->dst, p->src, p->len);
-        unpublished += p->len;
-        if (unpublished >= publish_bytes || i + 1 == l->count) {
-            fence_streamed(l);
-            gk_copy_publish(word, (uint64_t)(p->dst - base) + p->len);
-            unpublished = 0;
+        /* A large piece is copied in slices, so that the follower starts
+         * on it before its end. */
+        for (size_t done = 0; done < p->len;) {
+            size_t n = (size_t)GK_MIN((uint64_t)(p->len - done), publish_bytes - unpublished);
+            copy_piece(l, p->dst + done, p->src + done, n);
+            done += n;
+            unpublished += n;
+            in_place = (uint64_t)(p->dst + done - base);
+            if (unpublished == publish_bytes) {
+                fence_streamed(l);
+                gk_copy_publish(word, in_place);
+                unpublished = 0;
+            }
         }
+    }
+    if (unpublished) {
+        fence_streamed(l);
+        gk_copy_publish(word, in_place);
     }
 }
 

@@ -75,9 +75,10 @@ void gk_copy_run(struct gk_copier *c, const struct gk_copy_list *l);
 
 /* Copying behind a writer in another process (a staged PUT the server
  * follows, docs/transports.md). The writer's list has its destinations in
- * one buffer, from base on in increasing order; it copies them in order
- * and tells how far it got through a word in shared memory, every
- * publish_bytes and at the end: the count of bytes in place from base on. */
+ * one buffer, one after another from base on; it copies them in order and
+ * tells how far it got through a word in shared memory, every
+ * publish_bytes (publish_bytes > 0) and at the end: the count of bytes in
+ * place from base on. */
 void gk_copy_publish(uint64_t *word, uint64_t bytes);
 void gk_copy_run_published(const struct gk_copy_list *l, const uint8_t *base, uint64_t *word,
                            uint64_t publish_bytes);

@@ -229,19 +229,22 @@ int server_ops_finish_put(struct server_conn *c)
 
 /* Following a client's copy into staging (PUT_STAGED_FOLLOW). The client
  * copies at memory speed and raises the staged word every few tens of KiB,
- * so a word that stands still means a client descheduled, or gone. The
- * worker spins while the word moved lately, then yields its core at each
+ * so a word that stops rising means a client descheduled, or gone. The
+ * worker spins while the word rose lately, then yields its core at each
  * look (the client may be waiting for that very core), and stops once the
- * word stood still for FOLLOW_STALL_NS: the client sends the frame again
- * when its copy is done, and the worker's other connections wait no
- * longer than that. */
+ * word has not risen for FOLLOW_STALL_NS, or once the frame took longer
+ * than a copy at FOLLOW_MIN_BYTES_PER_S would (a word raised a byte at a
+ * time). The client then sends the frame again when its copy is done, and
+ * the worker's other connections wait no longer than that. */
 #define FOLLOW_SPIN_NS 50000ull
 #define FOLLOW_STALL_NS 2000000ull
+#define FOLLOW_MIN_BYTES_PER_S 1000000000ull
 #define FOLLOW_CLOCK_EVERY 64       /* spins between two looks at the clock */
 
 struct follow {
-    uint64_t have;          /* the word, when it last moved */
-    uint64_t moved_ns;      /* and when that was */
+    uint64_t deadline_ns;
+    uint64_t high;          /* the word's highest value yet */
+    uint64_t rose_ns;       /* when it got there */
     uint32_t spins;
     int yielding;
 };
@@ -250,16 +253,19 @@ static int follow_wait(void *arg, uint64_t have, uint64_t need)
 {
     struct follow *f = arg;
     (void)need;
-    if (have != f->have) {
-        *f = (struct follow){.have = have, .moved_ns = gk_now_ns()};
+    if (have > f->high) {
+        f->high = have;
+        f->rose_ns = gk_now_ns();
+        f->spins = 0;
+        f->yielding = 0;
     } else if (!f->yielding && ++f->spins % FOLLOW_CLOCK_EVERY) {
         gk_cpu_relax();
         return 0;
     }
-    uint64_t still = gk_now_ns() - f->moved_ns;
-    if (still > FOLLOW_STALL_NS)
+    uint64_t now = gk_now_ns();
+    if (now - f->rose_ns > FOLLOW_STALL_NS || now > f->deadline_ns)
         return 1;
-    f->yielding = still > FOLLOW_SPIN_NS;
+    f->yielding = now - f->rose_ns > FOLLOW_SPIN_NS;
     if (f->yielding)
         sched_yield();
     return 0;
@@ -275,7 +281,10 @@ static int copy_staged(struct server_conn *c, const struct gk_copy_list *copies)
         gk_copy_run(&c->worker->server->copier, copies);
         return 0;
     }
-    struct follow f = {.moved_ns = gk_now_ns()};
+    uint64_t now = gk_now_ns();
+    struct follow f = {.rose_ns = now,
+                       .deadline_ns = now + FOLLOW_STALL_NS +
+                                      copies->bytes * 1000000000ull / FOLLOW_MIN_BYTES_PER_S};
     gk_counter_add(&c->worker->counters.shm_staged_followed, 1);
     if (gk_copy_follow(copies, c->staging.base, c->staging.staged_word, follow_wait, &f) == 0)
         return 0;

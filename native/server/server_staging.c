@@ -12,6 +12,9 @@
 
 int server_staging_open(struct server_staging *st, uint64_t len)
 {
+    /* Whole cache lines of values, so that the words after them are
+     * aligned: a misaligned u64 may be read torn, or fault. */
+    len = (len + GK_LEASE_WORD_BYTES - 1) / GK_LEASE_WORD_BYTES * GK_LEASE_WORD_BYTES;
     uint64_t map_len = len + GK_LEASE_WORD_BYTES;
     int fd = memfd_create("gdrkv-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)

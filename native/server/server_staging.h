@@ -17,7 +17,8 @@
  * the client writes as it copies a PUT_STAGED_FOLLOW's values and the
  * server reads to copy behind it; a wrong one can only make the server
  * copy staging bytes, within the frame's values, into the client's own
- * objects too early, or stop and send the frame back.
+ * objects too early, or stop and send the frame back (within a bound:
+ * server_ops.c, FOLLOW_STALL_NS).
  */
 #ifndef GDRKV_SERVER_STAGING_H
 #define GDRKV_SERVER_STAGING_H
@@ -32,8 +33,8 @@ struct server_staging {
     int fd;                 /* until it went with HELLO's answer, else -1 */
 };
 
-/* Makes a staging memfd for len bytes of values and the lease word, and
- * maps it. Pages cost nothing until written (values count against the
+/* Makes a staging memfd for len bytes of values (rounded up to 64) and the
+ * lease word, and maps it. Pages cost nothing until written (values count against the
  * client's memory cgroup, which touches them first). 0, or -1 with errno. */
 int server_staging_open(struct server_staging *st, uint64_t len);
 void server_staging_close(struct server_staging *st);

@@ -79,9 +79,10 @@ struct store;
     X(shm_leases_expired, leases_expired, "leases (and RESERVEs) dropped by the timeout")       \
     X(shm_staged_puts, shm_staged_puts, "PUT_STAGED frames: values copied from staging")        \
     X(shm_staged_bytes, shm_staged_bytes, "value bytes they copied into the pool")              \
-    X(shm_staged_followed, shm_staged_followed, "of those, copied behind the client's copy")   \
+    X(shm_staged_followed, shm_staged_followed,                                                 \
+      "PUT_STAGED frames copied behind the client's copy (FOLLOW)")                              \
     X(shm_staged_follow_stalls, shm_staged_follow_stalls,                                       \
-      "followed frames whose client stalled: sent back, to come again")                          \
+      "of those, frames whose client stalled: sent back, to come again")                         \
     X(shm_reserved_bytes, shm_reserved_bytes, "single-tenant: bytes RESERVE handed out")        \
     X(rdma_leases, rdma_leases, "LEASE frames of rdma connections")                             \
     X(rdma_lease_bytes, rdma_leased_bytes, "object bytes they handed out for READs")            \
