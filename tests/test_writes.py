@@ -378,11 +378,7 @@ def test_a_raw_writer_reaches_only_its_own_objects(server_factory, make_client):
     reader = shm_client(make_client, server)
     ns = reader.namespace
     with wire.connect_unix(server.unix_path) as conn:
-        hdr, _, (pool_fd, staging_fd) = wire.hello_fds(conn)
-        os.close(pool_fd)
-        view = mmap.mmap(staging_fd, 1 << 20, mmap.MAP_SHARED,
-                         mmap.PROT_READ | mmap.PROT_WRITE)
-        os.close(staging_fd)
+        view, _ = raw_staging(conn, 1 << 20)
         try:
             hdr, results = staged_put(conn, view, ns, [(b"a", b"A" * 5000), (b"b", b"B" * 300)])
             assert hdr.status == 0 and results == [(0, 0), (0, 0)]

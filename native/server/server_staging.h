@@ -34,8 +34,9 @@ struct server_staging {
 };
 
 /* Makes a staging memfd for len bytes of values (rounded up to 64) and the
- * lease word, and maps it. Pages cost nothing until written (values count against the
- * client's memory cgroup, which touches them first). 0, or -1 with errno. */
+ * lease word, and maps it. Pages cost nothing until written (values count
+ * against the client's memory cgroup, which touches them first). 0, or -1
+ * with errno. */
 int server_staging_open(struct server_staging *st, uint64_t len);
 void server_staging_close(struct server_staging *st);
 /* Sets the lease word: GK_LEASE_HELD when a LEASE with bytes to copy is answered, 0
