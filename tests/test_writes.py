@@ -103,6 +103,26 @@ def test_frames_copied_alone_are_followed_byte_exact(server_factory, make_client
         client.stats()["client"]["shm_staged_sent_again"]
 
 
+def test_a_calls_last_frame_is_followed(server_factory, make_client):
+    """A call's last frame is followed even while another followed frame
+    is in flight (the server's copy of the last frame would be the call's
+    tail). Two servers, a frame each, both below the size a client on any
+    host shares with its helpers: the first frame's answer is not back
+    when the second begins, so only the last-frame rule follows it."""
+    servers = [server_factory(memory="256MiB") for _ in range(2)]
+    client = make_client("gdrkv://" + ",".join(s.address for s in servers),
+                         namespace=unique("w"), transport="shm")
+    for _ in range(5):
+        before = [s.stats() for s in servers]
+        put_and_check(client, [4096], count=64)
+        after = [s.stats() for s in servers]
+        frames = sum(stat(a, "shm_staged_puts") - stat(b, "shm_staged_puts")
+                     for a, b in zip(after, before))
+        followed = sum(stat(a, "shm_staged_followed") - stat(b, "shm_staged_followed")
+                       for a, b in zip(after, before))
+        assert (frames, followed) == (2, 2)
+
+
 def raw_staging(conn, size):
     """HELLO on a raw unix connection: its staging, mapped writable, and
     the staged word's place in it."""

@@ -284,6 +284,7 @@ static int plan(struct gdrkv_client *c, struct client_call *call,
         plan_all(&pl, shares, c->nservers);
     }
     call->njobs = pl.njobs;
+    call->batch.frames_unstarted = nframes;
     return 0;
 }
 

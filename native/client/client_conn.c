@@ -332,12 +332,15 @@ static int stage_values(struct client_conn *c)
  * call at a time: a following worker holds its core while this thread
  * copies, and with every frame followed the workers of a 16-frame call
  * held the cores that workers with frames already staged needed (64 KiB
- * PUTs ran 2.5-3.5x slower in half the runs on a 2-core VM). */
+ * PUTs ran 2.5-3.5x slower in half the runs on a 2-core VM). The call's
+ * last frame is followed in any case: the server's copy of the frames
+ * before it overlaps this thread's copies of the next, but the last
+ * frame's copy would be the call's tail. */
 static int follows(const struct client_conn *c)
 {
     return c->ex == &exchanges[EXCHANGE_SHM_STAGED] && c->staging.staged_word &&
            !c->batch->gpu && c->frame->payload_len < c->batch->copier->parallel_bytes &&
-           !c->batch->follows_in_flight;
+           (!c->batch->follows_in_flight || !c->batch->frames_unstarted);
 }
 
 /* A followed frame's values, copied once its request is sent. */
@@ -374,6 +377,7 @@ static void begin_frame(struct client_conn *c)
     struct client_frame *f = c->frame;
 
     c->ex = choose_exchange(c);
+    b->frames_unstarted--;
     uint8_t op = c->ex->request ? c->ex->request : b->opcode;
     expect_answer(c, op, c->next_req_id++, take_request_answer);
     c->follow = follows(c) ? FOLLOW_TO_COPY : FOLLOW_NONE;

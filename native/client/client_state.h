@@ -213,6 +213,7 @@ struct client_batch {
     uint64_t shm_leases_seen_held;
     uint64_t shm_staged_sent_again;
     uint32_t follows_in_flight;     /* followed frames sent, not yet answered */
+    uint32_t frames_unstarted;      /* frames of the call not begun yet */
 };
 
 /* One request and its response. */
