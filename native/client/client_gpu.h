@@ -47,7 +47,9 @@ struct gpu_call {
     const uint64_t *orig;   /* the caller's segment pointers */
     uint64_t *ptrs;         /* what the transports use: the caller's, except GPU
                                segments of socket frames, redirected into staging */
-    int8_t *seg_dev;        /* per segment: GPU ordinal, or -1 for host memory */
+    int8_t *seg_dev;        /* per segment: GPU ordinal, or -1 for host memory;
+                               NULL when every segment lies in one GPU range */
+    int device;             /* seg_dev NULL: that range's GPU ordinal */
     uint64_t nsegs;
     uint8_t *bad;           /* per key: a segment is GPU memory that can't be used */
     int mode;               /* enum gpu_mode */
@@ -74,9 +76,12 @@ void gpu_call_free(struct gpu_call *g);
  * stream of every GPU the call touches. 0 or GDRKV_E_INTERNAL. */
 int gpu_call_order(const struct gpu_call *g);
 
+/* A segment's GPU ordinal, or -1 for host memory. (Segments without bytes
+ * of a call in one GPU range count as that GPU's: nothing is copied for
+ * them either way.) */
 static inline int gpu_seg_device(const struct gpu_call *g, uint64_t seg)
 {
-    return g ? g->seg_dev[seg] : -1;
+    return !g ? -1 : g->seg_dev ? g->seg_dev[seg] : g->device;
 }
 
 /* Registration: whether [ptr, ptr + len) is GPU memory. 0 host (*device =
