@@ -187,8 +187,8 @@ def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
 def test_segments_without_bytes_and_two_gpu_ranges(torch, server, make_client, transport):
     """A call whose segments all lie in one registered GPU range is
     classified as a whole (client_gpu.c): segments without bytes anywhere
-    (NULL, host memory) change nothing. A call over two registered ranges
-    is classified segment by segment. Both byte-exact, both directions."""
+    (NULL, host memory) change nothing to its PUT or GET. A GET over two
+    registered ranges is classified segment by segment. Byte-exact."""
     client = client_for(make_client, server, transport)
     size, count = 4096 + 5, 16
     one, two = gpu_buffer(torch, 2 * count * size), gpu_buffer(torch, 2 * count * size)
@@ -212,6 +212,31 @@ def test_segments_without_bytes_and_two_gpu_ranges(torch, server, make_client, t
     assert client.batch_get(keys, dst, [size] * count) == [size] * count
     got = [read_gpu(torch, one if i % 2 == 0 else two, [p], size)[0] for i, p in enumerate(dst)]
     assert got == values
+
+
+def test_a_segment_past_the_registered_part_fails_alone(torch, server, make_client):
+    """Only the first half of an allocation is registered: a call whose
+    segments lie there but for one key's, in the unregistered half, is not
+    one range (client_gpu.c, in_one_range): that key fails with E_INVALID,
+    in both directions, and the others' bytes are exact."""
+    client = client_for(make_client, server, "shm")
+    size, count = 4096, 16
+    dev = gpu_buffer(torch, 4 * count * size)
+    client.register(dev.data_ptr(), 2 * count * size)
+    keys = [f"part-{unique()}-{i}" for i in range(count)]
+    values = [content(k, size) for k in keys]
+    inside = scattered(dev.data_ptr(), size, count, seed=3)
+    write_gpu(torch, dev, inside, values)
+    outside = dev.data_ptr() + 3 * count * size
+    ptrs = inside[:5] + [outside] + inside[6:]
+    expected = [0] * count
+    expected[5] = E_INVALID
+    assert client.batch_put(keys, ptrs, [size] * count) == expected
+    dev.zero_()
+    expected = [size] * count
+    expected[5] = E_INVALID
+    assert client.batch_get(keys, ptrs, [size] * count) == expected
+    assert read_gpu(torch, dev, inside[:5] + inside[6:], size) == values[:5] + values[6:]
 
 
 @pytest.mark.parametrize("server_mode", ["staged", "single-tenant"])

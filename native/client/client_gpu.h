@@ -48,7 +48,8 @@ struct gpu_call {
     uint64_t *ptrs;         /* what the transports use: the caller's, except GPU
                                segments of socket frames, redirected into staging */
     int8_t *seg_dev;        /* per segment: GPU ordinal, or -1 for host memory;
-                               NULL when every segment lies in one GPU range */
+                               NULL when every segment with bytes lies in one
+                               GPU range */
     int device;             /* seg_dev NULL: that range's GPU ordinal */
     uint64_t nsegs;
     uint8_t *bad;           /* per key: a segment is GPU memory that can't be used */
