@@ -335,6 +335,21 @@ def test_values_larger_than_staging_go_on_the_socket(server_factory, make_client
     assert stat(stats, "bytes_in") == big
 
 
+def test_frames_are_cut_to_a_staging_smaller_than_the_clients_frames(server_factory,
+                                                                    make_client):
+    """A server whose staging holds less than a client's PUT frame (1 MiB
+    on a small host, 8 MiB on a big one): once a connection has told the
+    client, its calls are cut to the staging, and their values go through
+    it rather than on the socket."""
+    server = server_factory(memory="256MiB", args=["--shm-staging", "256KiB"])
+    client = shm_client(make_client, server, conns=1)
+    first = put_and_check(client, [4096], count=1)      # the connection tells the staging size
+    moved = put_and_check(client, [64 << 10], count=64)     # 4 MiB in one call
+    stats = server.stats()
+    assert stat(stats, "shm_staged_bytes") == first + moved
+    assert stat(stats, "bytes_in") == 0
+
+
 def test_no_staging_means_the_socket(server_factory, make_client):
     server = server_factory(memory="128MiB", args=["--shm-staging", "0"])
     client = shm_client(make_client, server)

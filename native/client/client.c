@@ -25,7 +25,7 @@
 #define CLIENT_MAX_CONNS 64
 /* shm copies, out of the pool and into staging, are shared with up to 7
  * helpers (one fewer than the CPUs) from 512 KiB on a host of 8 CPUs or
- * more: one core copies ~10 GB/s there, and a PUT's frames (1 MiB) were
+ * more: one core copies ~10 GB/s there, and a PUT's frames (1 MiB then) were
  * copied into staging one after another by the calling thread (7.5 GB/s
  * on a 16-core host, 16-19 GB/s shared). On a smaller host only frames
  * from 4 MiB are: a helper there takes the core the server copies on. */
@@ -34,12 +34,19 @@
 #define CLIENT_COPY_PARALLEL_BYTES_FEW_CPUS (4u << 20)
 #define CLIENT_COPY_MANY_CPUS 8
 
-static uint64_t copy_parallel_bytes(void)
-{
-    return sysconf(_SC_NPROCESSORS_ONLN) >= CLIENT_COPY_MANY_CPUS
-               ? CLIENT_COPY_PARALLEL_BYTES
-               : CLIENT_COPY_PARALLEL_BYTES_FEW_CPUS;
-}
+/* Value bytes of a PUT frame to a server reached over shm: the client
+ * copies a frame into its connection's staging, then the server copies it
+ * into the pool (a single larger object is a frame of its own). On a
+ * small host, 1 MiB frames keep the staged bytes in the CPU cache between
+ * the two copies, and let the server copy one connection's frame while
+ * the client fills the next's: on a 2-core VM two copies pipelined
+ * through 1 MiB slots ran at 0.9x one memcpy, through 16 MiB slots at
+ * 0.6x. Where both copies are shared with helpers, a 1 MiB frame's copy
+ * is mostly the helpers' wake-ups: on a 16-CPU host, PUTs of 1 MiB values
+ * ran at 16-18 GB/s in 1 MiB frames, 22-25 in 8 MiB frames, 24 in 16 MiB
+ * ones (docs/benchmarks.md, session 19). */
+#define CLIENT_SHM_PUT_FRAME_BYTES (1u << 20)
+#define CLIENT_SHM_PUT_FRAME_BYTES_MANY_CPUS (8u << 20)
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts)
 {
@@ -175,8 +182,12 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     if (client_regions_init(&c->regions))
         goto no_regions;
-    if (gk_copier_init(&c->copier, CLIENT_COPY_HELPERS, copy_parallel_bytes()))
+    int many_cpus = sysconf(_SC_NPROCESSORS_ONLN) >= CLIENT_COPY_MANY_CPUS;
+    if (gk_copier_init(&c->copier, CLIENT_COPY_HELPERS,
+                       many_cpus ? CLIENT_COPY_PARALLEL_BYTES : CLIENT_COPY_PARALLEL_BYTES_FEW_CPUS))
         goto no_copier;
+    c->shm_put_frame_bytes =
+        many_cpus ? CLIENT_SHM_PUT_FRAME_BYTES_MANY_CPUS : CLIENT_SHM_PUT_FRAME_BYTES;
     c->rdma = calloc(1, sizeof *c->rdma);
     if (!c->rdma || client_rdma_init(c->rdma))
         goto no_rdma;

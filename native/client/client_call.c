@@ -27,14 +27,10 @@
  * the parallelism gains. */
 #define CLIENT_STRIPE_MIN_BYTES (256u << 10)
 
-/* Value bytes of a PUT frame to a server reached over shm: the client
- * copies a frame into its connection's staging, then the server copies it
- * into the pool. Frames this small keep the staged bytes in the CPU cache
- * between the two copies, and let the server copy one connection's frame
- * while the client fills the next connection's: measured on a 2-core VM,
- * two copies pipelined through 1 MiB slots ran at 0.9x one memcpy, through
- * 16 MiB slots at 0.6x. (A single object larger than this is a frame.) */
-#define CLIENT_SHM_PUT_FRAME_BYTES (1u << 20)
+/* Value bytes a stripe of a PUT through shm staging must carry: each of
+ * its bytes is copied twice (client, then server), so it must carry more
+ * than CLIENT_STRIPE_MIN_BYTES to pay for its connection. */
+#define CLIENT_SHM_PUT_STRIPE_MIN_BYTES (512u << 10)
 
 /* The first frame of a GPU GET carries this part of its stripe's bytes. */
 #define CLIENT_GPU_FIRST_FRAME_PART 8
@@ -50,7 +46,8 @@ struct server_share {
     uint64_t bytes;         /* of their values (PUT) or capacities (GET) */
     uint32_t fill_pos;      /* where its next key is gathered */
     uint64_t fill_key_off;
-    int staged_put;         /* its PUT values go through shm staging (see staged_put) */
+    uint64_t staged_frame;  /* its PUT values go through shm staging in frames
+                               of this many bytes (0: they don't; staged_frame()) */
 };
 
 /* Per-key tables of a keyed call, indexed like the caller's keys. */
@@ -167,11 +164,11 @@ static void cut_frames(struct planner *pl, const struct server_share *sh, uint32
 {
     const struct client_batch *b = pl->b;
     uint32_t p = first;
-    /* A PUT through shm staging is cut for the cache (above); tcp GPU
+    /* A PUT through shm staging is cut as client.c says; tcp GPU
      * values pass through per-connection staging of GPU_FRAME_BYTES, and a
      * GPU PUT to a single-tenant server is cut alike (fewer round trips
      * per launch); a GET answer may pin at most GK_MAX_GET_CAPACITY. */
-    uint64_t max_payload = sh->staged_put             ? CLIENT_SHM_PUT_FRAME_BYTES
+    uint64_t max_payload = sh->staged_frame           ? sh->staged_frame
                            : b->gpu                   ? GPU_FRAME_BYTES
                            : b->opcode == GK_OP_GET ? GK_MAX_GET_CAPACITY
                                                     : GK_MAX_PAYLOAD;
@@ -206,10 +203,8 @@ static void plan_server(struct planner *pl, uint32_t server, const struct server
         return;
     }
     uint64_t bytes = sh->bytes;
-    /* shm PUTs: each stripe's copies are two (client, then server), so a
-     * stripe must carry more to pay for its connection. */
     uint64_t stripes =
-        bytes / (sh->staged_put ? CLIENT_SHM_PUT_FRAME_BYTES / 2 : CLIENT_STRIPE_MIN_BYTES);
+        bytes / (sh->staged_frame ? CLIENT_SHM_PUT_STRIPE_MIN_BYTES : CLIENT_STRIPE_MIN_BYTES);
     stripes = GK_MAX(1, GK_MIN(stripes, GK_MIN(pl->conns, end - first)));
 
     uint32_t p = first;
@@ -330,7 +325,7 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
 
     for (uint32_t i = 0; i < k->n; i++) {
         int rc = check_key(k, i, seg, &t->size[i]);
-        if (!rc && t->gpu && t->gpu->bad[i])
+        if (!rc && t->gpu && t->gpu->bad && t->gpu->bad[i])
             rc = GDRKV_E_INVALID;
         if (rc) {
             k->results[i] = rc;
@@ -348,14 +343,20 @@ static void route_keys(struct gdrkv_client *c, const struct client_keys *k, stru
     }
 }
 
-/* Whether a server's PUT frames most likely go through shm staging: it
- * has a unix socket, and the pool mapped from it (if any yet) is not a
- * single-tenant server's, into which the client copies the values itself.
- * (Over tcp after all, they are merely smaller.) Decided once per call:
- * both planning passes must cut the same frames. */
-static int staged_put(struct client_endpoint *ep, uint8_t op)
+/* The value bytes of a server's PUT frames when they most likely go
+ * through shm staging, else 0. They do when it has a unix socket and the
+ * pool mapped from it (if any yet) is not a single-tenant server's, into
+ * which the client copies the values itself (over tcp after all, they are
+ * merely smaller). The client's frame size (client.c), cut to the staging
+ * the server gives, so that a smaller --shm-staging does not send every
+ * frame on the socket. Decided once per call: both planning passes must
+ * cut the same frames. */
+static uint64_t staged_frame(const struct gdrkv_client *c, struct client_endpoint *ep, uint8_t op)
 {
-    return op == GK_OP_PUT && ep->unix_path[0] && !client_shm_writable(ep);
+    if (op != GK_OP_PUT || !ep->unix_path[0])
+        return 0;
+    uint64_t room = client_shm_staging_room(ep);
+    return room ? GK_MIN(room, c->shm_put_frame_bytes) : 0;
 }
 
 /* The health short-circuit: a server in backoff gets nothing sent. Then
@@ -376,7 +377,7 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
             sh->bytes = 0;
         } else {
             sh->admitted = sh->count > 0;
-            sh->staged_put = sh->admitted && staged_put(&c->servers[s].ep, op);
+            sh->staged_frame = sh->admitted ? staged_frame(c, &c->servers[s].ep, op) : 0;
         }
         sh->fill_pos = pos;
         sh->fill_key_off = key_off;
@@ -475,7 +476,7 @@ static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct clien
     sh->key_bytes = kept_off;
     sh->bytes = bytes;
     sh->admitted = p > 0;
-    sh->staged_put = sh->admitted && staged_put(&c->servers[0].ep, op);
+    sh->staged_frame = sh->admitted ? staged_frame(c, &c->servers[0].ep, op) : 0;
     return p;
 }
 

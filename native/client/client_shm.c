@@ -205,12 +205,14 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
     return p;
 }
 
-int client_shm_writable(struct client_endpoint *ep)
+uint64_t client_shm_staging_room(struct client_endpoint *ep)
 {
     pthread_mutex_lock(&ep->pool_lock);
-    int writable = ep->pool && ep->pool->writable;
+    uint64_t room = !ep->pool          ? UINT64_MAX
+                    : ep->pool->writable ? 0
+                                         : __atomic_load_n(&ep->pool->staging_len, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ep->pool_lock);
-    return writable;
+    return room;
 }
 
 /* Maps the connection's staging memfd, when the server gave one that is
@@ -288,6 +290,8 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
         close(fd);
         return GDRKV_E_UNAVAILABLE;
     }
+    /* Every connection of one server gets staging of one size. */
+    __atomic_store_n(&(*pool)->staging_len, staging->len, __ATOMIC_RELAXED);
     return fd;
 }
 

@@ -26,9 +26,12 @@ struct gpu_list;
 int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
                        struct client_pool **pool, struct client_staging *staging);
 void client_pool_put(struct client_pool *p);
-/* Whether the endpoint's current pool mapping is writable: a single-tenant
- * server, as far as a connection made so far has seen. */
-int client_shm_writable(struct client_endpoint *ep);
+/* Where the endpoint's PUT values go, as far as a connection made so far
+ * has seen: 0 when its pool is mapped writable (a single-tenant server:
+ * the client copies into the pool), else how many value bytes its
+ * connections' staging holds (0 too when it gave none), or UINT64_MAX
+ * while no connection has told. */
+uint64_t client_shm_staging_room(struct client_endpoint *ep);
 void client_staging_unmap(struct client_staging *st);
 
 /* Appends the copies a LEASE answer describes for keys [first, first +

@@ -99,6 +99,7 @@ struct gdrkv_client {
     uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
     struct client_regions regions;
     struct gk_copier copier;    /* helper threads for large shm copies */
+    uint64_t shm_put_frame_bytes;   /* values per PUT frame through shm staging */
     struct gpu_serial gpu_put_streams;  /* GPU PUTs without a caller's stream launch here */
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
     struct gk_token token;          /* opts.token_file's (or GDRKV_TOKEN_FILE's); len 0: none */
@@ -136,6 +137,7 @@ struct client_pool {
     ino_t ino;
     uint32_t refs;          /* atomic: the server's current pool holds one */
     int writable;           /* single-tenant server: PUTs copy into the pool */
+    uint64_t staging_len;   /* atomic: value bytes of its connections' staging */
     int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
     uint64_t gpu_dptr;      /* where the GPU reads base (client_gpu.c) */
 };
