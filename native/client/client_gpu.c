@@ -181,8 +181,8 @@ static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs, 
         return NULL;
     g->ptrs = malloc((nsegs ? nsegs : 1) * sizeof *g->ptrs);
     g->seg_dev = seg_dev ? malloc(nsegs ? nsegs : 1) : NULL;
-    g->bad = calloc(k->n ? k->n : 1, 1);
-    if (!g->ptrs || (seg_dev && !g->seg_dev) || !g->bad) {
+    g->bad = seg_dev ? calloc(k->n ? k->n : 1, 1) : NULL;
+    if (!g->ptrs || (seg_dev && (!g->seg_dev || !g->bad))) {
         gpu_call_free(g);
         return NULL;
     }

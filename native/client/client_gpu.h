@@ -52,7 +52,8 @@ struct gpu_call {
                                GPU range */
     int device;             /* seg_dev NULL: that range's GPU ordinal */
     uint64_t nsegs;
-    uint8_t *bad;           /* per key: a segment is GPU memory that can't be used */
+    uint8_t *bad;           /* per key: a segment is GPU memory that can't be used
+                               (NULL: none is; seg_dev NULL too) */
     int mode;               /* enum gpu_mode */
     uint64_t stream;        /* the caller's CUstream, or 0 */
     struct gpu_serial *serial;  /* where a PUT launches without the caller's stream: the
