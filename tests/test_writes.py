@@ -536,9 +536,10 @@ def test_a_call_of_more_frames_than_planning_notes(server_factory, make_client):
     """Planning notes a call's first 64 frames while measuring it and
     replays them (client_call.c); a call of more frames is planned again.
     80 values of 1 MiB through 1 MiB of staging are 80 frames, each
-    byte-exact."""
+    byte-exact (once a connection has told the client the staging size)."""
     server = server_factory(memory="256MiB", args=["--shm-staging", "1MiB"])
     client = shm_client(make_client, server, conns=1)
+    assert client.batch_exists(["map-the-pool"]) == [False]
     before = stat(server.stats(), "ops_put_staged")
     put_and_check(client, [1 << 20], count=80)
     assert stat(server.stats(), "ops_put_staged") - before == 80
