@@ -38,8 +38,8 @@ SUPPORTED_VLLM = "0.33."
 DEFAULT_URL = "gdrkv://local"
 # Connections per server of a worker's client unless conns is given: a
 # save's GPU gather fills one staging frame per connection and the server
-# copies each on one worker, so saves scale with connections (H100, 1.46 GiB
-# over shm: 127 ms with 4, 71 with 8, 64 with 16; loads 36-40 ms with any).
+# copies each on one worker, so saves scale with connections up to about 8;
+# loads do not depend on them (docs/benchmarks.md, "vLLM connector").
 WORKER_CONNS = 8
 # How long a preempted request's in-flight saves may hold up the step that
 # reuses its blocks, in client timeouts (a save is one batch call).

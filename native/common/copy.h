@@ -40,8 +40,9 @@ struct gk_copy_list {
      * frame): each source line read is demoted from this core's caches to
      * the shared last level. A DMA write to a line still in a core's cache
      * waits for the snoop that takes it away, which halved a copy engine's
-     * rate into staging (docs/gpu.md). A hint: a no-op where the CPU lacks
-     * it. Reset clears it. */
+     * rate into staging (docs/transports.md, "PUT: staging, then the
+     * server's copy"). A hint: a no-op where the CPU lacks it. Reset clears
+     * it. */
     int demote_sources;
 };
 
