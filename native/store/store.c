@@ -240,7 +240,10 @@ void do_obj_unlink_dropping_ns(struct store *s, struct store_obj *o)
     store_ns_drop_if_empty(s, ns);
 }
 
-/* Under the exclusive lock. */
+/* ------------------------------------------------------------------ pins
+ * Under the exclusive lock; the shared lock's are obj_pin_first and
+ * obj_unpin_last (store_state.h), counted once per batch. */
+
 void do_obj_pin(struct store *s, struct store_obj *o)
 {
     s->st.pinned_objects += (uint64_t)obj_pin_first(o);

@@ -298,8 +298,8 @@ int store_hold_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
         if (lookups_find(s, &l, e, i, n, &held[i]) == 0)
             first_pins += (uint32_t)obj_pin_first(held[i]);
         else
-            any |= store_key_ok(&e[i]) &&
-                   disk_contains(s->disk, store_ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &size);
+            any |= store_key_ok(&e[i]) && disk_contains(s->disk, store_ns_bytes(ns), ns->len,
+                                                        e[i].key, e[i].key_len, &size);
     }
     __atomic_add_fetch(&s->st.pinned_objects, first_pins, __ATOMIC_RELAXED);
     store_unlock(s);
@@ -348,8 +348,8 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
         store_lock(s);
         struct store_ns *space = store_ns_find(s, ns);
         struct store_obj *no_mem = NULL;
-        st = do_reserve_one(s, ns, &space, &entry, index_key_hash(&s->objects, e->key, e->key_len),
-                         &no_mem, &p->o, 0, &scan_left, 1);
+        uint64_t key_hash = index_key_hash(&s->objects, e->key, e->key_len);
+        st = do_reserve_one(s, ns, &space, &entry, key_hash, &no_mem, &p->o, 0, &scan_left, 1);
         if (st == STORE_PRESENT)
             hold_present(s, ns, e, held);
         store_unlock(s);
