@@ -50,6 +50,8 @@
  * reader's promotion of the same key to commit or for room. */
 #define PROMOTE_WAIT_MS 5000
 
+/* -------------------------------------------------------------- demotion */
+
 /* The demoter's sleep, holding no store lock: until woken, or ms. */
 static void demoter_sleep(struct store *s, long ms)
 {
@@ -64,8 +66,6 @@ static void demoter_sleep(struct store *s, long ms)
     s->demote_kick = 0;
     pthread_mutex_unlock(&s->demote_lock);
 }
-
-/* -------------------------------------------------------------- demotion */
 
 /* A demotion batch: the objects, and copies of their namespaces' names
  * (a namespace may be freed while the write runs, its objects deleted). */
