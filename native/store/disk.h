@@ -2,7 +2,7 @@
  * disk.h - the capacity tier under the pool: objects demoted from DRAM kept
  * in one file per disk (--disk PATH,... --disk-size SIZE), found through an
  * index of their own, read back when a reader wants them. Private to the
- * store (store.c decides what goes down and comes up).
+ * store (tiering.c decides what goes down and comes up).
  *
  * A file is cut into regions (DISK_REGION_BYTES). One region per file is
  * open at a time and filled in order, a batch of records per write; a full

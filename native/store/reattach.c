@@ -17,8 +17,10 @@
  *            heads of one key the first one committed wins, as it would
  *            one at a time; last, the runs are spliced in order.
  *
- * Nothing else runs meanwhile: the store is not open yet. Namespaces are
- * created under a lock of the rebuild's own.
+ * Nothing else runs meanwhile: the store is not open yet (lifecycle.c's
+ * store_open calls in here), so the store's lock is not taken; namespaces
+ * are created under a lock of the rebuild's own. Objects and namespaces
+ * are made by store.c's functions (store_state.h), which never call back.
  */
 #include "store_state.h"
 

@@ -1,8 +1,10 @@
 /*
  * store.h - the object store: a pool of memory (pool.c), size-class
  * allocation inside it (alloc.c), a hash index over (namespace, key)
- * (index.c), objects with pins, commit state and eviction (store.c), and
- * optionally a disk tier under the pool (disk.c).
+ * (index.c), objects with pins, commit state and eviction (store.c),
+ * opened and closed by lifecycle.c, and optionally a disk tier under the
+ * pool (disk.c) that objects move to and from (tiering.c). store_state.h
+ * maps the files.
  *
  * Objects are immutable once committed. An object's bytes live in one or
  * more chunks of the pool (objects larger than a slab page are chained over

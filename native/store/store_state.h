@@ -1,14 +1,27 @@
 /*
  * store_state.h - the store's own structures, shared by the files of the
- * store wing (store.c, reattach.c) and nobody else: the door is store.h.
+ * store wing and nobody else: the door is store.h.
+ *
+ * The store's files, and who calls whom (never back up this list):
+ *   lifecycle.c  store_open/store_close: the pool, the allocator, the index,
+ *                the demoter thread; calls reattach.c, tiering.c, store.c
+ *   reattach.c   a pool file's objects back after a restart; calls store.c
+ *   tiering.c    the disk tier's demotion and promotion; calls store.c
+ *   store.c      the hot path: namespaces, objects, pins, eviction and the
+ *                batch calls; calls only the files below
+ *   lookup.h     the batch lookup, inline (store.c, tiering.c)
+ *   alloc.c, index.c, pool.c, persist.c, disk.c, uring.c: the parts, which
+ *                know nothing of the store
  */
 #ifndef GDRKV_STORE_STATE_H
 #define GDRKV_STORE_STATE_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/common.h"
 #include "alloc.h"
 #include "index.h"
 #include "pool.h"
@@ -83,6 +96,13 @@ struct store_obj {
     struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
 
+/* Objects one batch of reservations may look at while evicting, over all
+ * its keys and under one hold of the lock: two per key of the largest
+ * batch, about a millisecond of work, so a pool full of pinned or tiny
+ * objects can't stall every other client behind the lock; the keys that
+ * find no room fail with NO_SPACE. */
+#define STORE_EVICT_SCAN_PER_CALL (2 * GK_MAX_KEYS)
+
 /* Reads' LRU moves, deferred (store.c "Locking"). */
 #define STORE_TOUCH_LOG 65536
 
@@ -111,13 +131,77 @@ struct store {
     int demoter_running, stopping;
 };
 
-/* Namespaces and objects (store.c); the caller holds the lock, or is the
- * restart's rebuild (reattach.c), which says how it shares them. */
-int store_ns_name_ok(const struct gk_ns *name);
+/* ----------------------------------------------------------------- locks
+ * What each covers is store.c's "Locking"; the demoter's is tiering.c's. */
+
+/* Takes the lock alone, and replays the reads' LRU moves first. */
+static inline void store_lock(struct store *s)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    uint32_t n = GK_MIN(s->ntouched, (uint32_t)STORE_TOUCH_LOG);
+    for (uint32_t i = 0; i < n; i++)
+        dlink_move_head(&s->lru, &s->touched[i]->lru);
+    s->ntouched = 0;
+}
+
+static inline void store_lock_shared(struct store *s) { pthread_rwlock_rdlock(&s->lock); }
+
+static inline void store_unlock(struct store *s) { pthread_rwlock_unlock(&s->lock); }
+
+/* Wakes the demoter (tiering.c); any lock may be held. */
+static inline void store_wake_demoter(struct store *s)
+{
+    pthread_mutex_lock(&s->demote_lock);
+    s->demote_kick = 1;
+    pthread_cond_signal(&s->demote_wake);
+    pthread_mutex_unlock(&s->demote_lock);
+}
+
+/* -------------------------------------------------------- names and keys */
+
+/* Nothing can be stored under a bad name: reads of it miss, writes to it
+ * are invalid. */
+static inline int store_ns_name_ok(const struct gk_ns *name)
+{
+    return name->len <= GK_MAX_NS_LEN && (name->len == 0 || name->name);
+}
+
+/* The name bytes of a request's namespace (the default one may come NULL). */
+static inline const uint8_t *store_ns_bytes(const struct gk_ns *ns)
+{
+    return ns->len ? ns->name : (const uint8_t *)"";
+}
+
+static inline int store_key_ok(const struct gk_entry *e)
+{
+    return e->key && e->key_len >= 1 && e->key_len <= GK_MAX_KEY_LEN;
+}
+
+/* ------------------------------------------------------------------ pins */
+
+/* Pins o (under either lock): whether it was unpinned. Callers under the
+ * shared lock count those into st.pinned_objects once per batch: a word
+ * every reader wrote per key would cost more than the lookups. */
+static inline int obj_pin_first(struct store_obj *o)
+{
+    return __atomic_fetch_add(&o->pins, 1, __ATOMIC_RELAXED) == 0;
+}
+
+/* Lets a pin go (under either lock): whether it was the last. */
+static inline int obj_unpin_last(struct store_obj *o)
+{
+    uint32_t left = __atomic_sub_fetch(&o->pins, 1, __ATOMIC_RELAXED);
+    assert(left != UINT32_MAX);
+    return left == 0;
+}
+
+/* ----------------------------------------------- store.c, for the others */
+
+/* Namespaces and objects; the caller holds the lock, or is the restart's
+ * rebuild (reattach.c), which says how it shares them. */
 struct store_ns *store_ns_find(struct store *s, const struct gk_ns *name);
 struct store_ns *store_ns_create(struct store *s, const struct gk_ns *name);
 int store_ns_drop_if_empty(struct store *s, struct store_ns *ns);
-int store_key_ok(const struct gk_entry *e);
 uint32_t store_obj_cut(const struct store *s, uint32_t ns_len, const struct gk_entry *e,
                        uint32_t *head_len);
 uint32_t store_chunk_hdr(const struct store *s, const struct store_obj *o, uint32_t i);
@@ -127,6 +211,30 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
                                 uint32_t nchunks, uint32_t head_len, uint64_t key_hash,
                                 struct store_obj *mem);
 uint64_t store_obj_head_off(const struct store_obj *o);
+
+/* The hot path's steps that promotion and demotion (tiering.c) take too:
+ * the caller holds the lock alone. */
+void do_obj_commit(struct store *s, struct store_obj *o);
+void do_obj_unlink_dropping_ns(struct store *s, struct store_obj *o);
+void do_obj_pin(struct store *s, struct store_obj *o);
+void do_obj_unpin(struct store *s, struct store_obj *o);
+void do_evict(struct store *s, struct store_obj *o);
+int32_t do_reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
+                       const struct gk_entry *e, uint64_t key_hash, struct store_obj **mem,
+                       struct store_obj **objs, uint32_t i, uint32_t *scan_left,
+                       int clean_only);
+/* A reservation's pool file headers: no lock (the reservation is its
+ * writer's alone). */
+void store_write_headers(struct store *s, const struct store_obj *o);
+
+/* -------------------------------------------- tiering.c, for lifecycle.c */
+
+/* The demoter thread's body; arg is the store. */
+void *store_demoter_main(void *arg);
+/* At close, the demoter stopped: writes what is not on disk yet. */
+void store_flush_to_disk(struct store *s);
+
+/* ------------------------------------------- reattach.c, for lifecycle.c */
 
 /* A pool file's objects back after a restart (reattach.c): formats a
  * fresh file, or checks an existing one and rebuilds index, allocator and
