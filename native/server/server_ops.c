@@ -23,6 +23,11 @@ static struct store *store_of(struct server_conn *c)
     return c->worker->server->store;
 }
 
+static int op_ping(struct server_conn *c)
+{
+    return server_reply_status(c, 0);
+}
+
 static int op_stats(struct server_conn *c)
 {
     char text[SERVER_STATS_MAX];
@@ -112,52 +117,19 @@ static int op_hello(struct server_conn *c)
     return rc;
 }
 
-/* Bytes the chunk list of a leased object takes in the response. */
-static uint64_t lease_entry_len(const struct store_obj *o)
-{
-    uint32_t nchunks;
-    store_obj_chunks(o, &nchunks);
-    return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
-}
-
 /* Answers LEASE and RESERVE: the results, then the chunk list of every
- * object held (pinned or reserved). Capacities are only bounded per key,
- * so many huge objects could need more chunk entries than a body may
- * hold: then everything is let go and the frame refused. */
+ * object held (pinned or reserved). Lists over the body limit let
+ * everything go and refuse the frame. */
 static int respond_chunk_lists(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
-    uint32_t n = c->req.count;
-    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE;
+    int rc = server_reply_chunk_lists(c, c->req.count, b->status, b->sizes, b->objs);
 
-    for (uint32_t i = 0; i < n; i++) {
-        if (b->objs[i])
-            body_len += lease_entry_len(b->objs[i]);
-    }
-    if (body_len > GK_MAX_BODY) {
-        server_ops_release(c);
-        static const char msg[] = "the objects' chunk lists exceed the body limit";
-        return server_reply_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
-    }
-    uint8_t *p = server_reply_start(c, 0, n, (uint32_t)body_len, 0);
-    if (!p)
-        return GDRKV_E_INTERNAL;
-    for (uint32_t i = 0; i < n; i++, p += GK_RESULT_SIZE)
-        gk_result_encode(p, b->status[i], b->sizes[i]);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t nchunks;
-        if (!b->objs[i])
-            continue;
-        const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
-        gk_store32(p, nchunks);
-        gk_store32(p + 4, 0);
-        p += GK_LEASE_OBJ_SIZE;
-        for (uint32_t k = 0; k < nchunks; k++, p += GK_LEASE_CHUNK_SIZE) {
-            gk_store64(p, ch[k].off);
-            gk_store64(p + 8, ch[k].len);
-        }
-    }
-    return 0;
+    if (rc != GDRKV_E_TOO_LARGE)
+        return rc;
+    server_ops_release(c);
+    static const char msg[] = "the objects' chunk lists exceed the body limit";
+    return server_reply_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
 }
 
 /* A GET answered with where the objects are instead of their bytes: the
@@ -461,18 +433,10 @@ static int op_rdma_hello(struct server_conn *c)
 
     uint32_t nregions;
     const struct rdma_region *regions = server_rdma_regions(s, &nregions);
-    size_t body_len = rdma_endpoint_size(&mine) + 8 + (size_t)nregions * RDMA_REGION_WIRE_SIZE;
-    uint8_t *p = server_reply_start(c, 0, 0, (uint32_t)body_len, 0);
-    if (!p) {
+    if (server_reply_rdma_hello(c, &mine, regions, nregions)) {
         server_rdma_conn_destroy(c);
         return GDRKV_E_INTERNAL;
     }
-    p += rdma_endpoint_encode(&mine, p);
-    gk_store32(p, nregions);
-    gk_store32(p + 4, 0);
-    p += 8;
-    for (uint32_t i = 0; i < nregions; i++, p += RDMA_REGION_WIRE_SIZE)
-        rdma_region_encode(&regions[i], p);
     server_rdma_count_hello(s, 1);
     return 0;
 }
@@ -493,16 +457,12 @@ static int op_auth(struct server_conn *c)
     }
     if (c->auth == CONN_AUTH_NONE) {
         memcpy(c->client_nonce, c->body, GK_AUTH_NONCE_SIZE);
+        uint8_t proof[GK_AUTH_PROOF_SIZE];
         if (gk_auth_nonce(c->server_nonce))
             return GDRKV_E_INTERNAL;
-        uint8_t *p = server_reply_start(c, 0, 0, GK_AUTH_NONCE_SIZE + GK_AUTH_PROOF_SIZE, 0);
-        if (!p)
-            return GDRKV_E_INTERNAL;
-        memcpy(p, c->server_nonce, GK_AUTH_NONCE_SIZE);
-        gk_auth_proof(t, GK_AUTH_SERVER, c->client_nonce, c->server_nonce,
-                      p + GK_AUTH_NONCE_SIZE);
+        gk_auth_proof(t, GK_AUTH_SERVER, c->client_nonce, c->server_nonce, proof);
         c->auth = CONN_AUTH_CHALLENGED;
-        return 0;
+        return server_reply_auth_challenge(c, c->server_nonce, proof);
     }
     if (c->auth == CONN_AUTH_DONE) {
         static const char msg[] = "the connection is authenticated already";
@@ -520,27 +480,24 @@ static int op_auth(struct server_conn *c)
     return server_reply_status(c, 0);
 }
 
+/* The dispatch table: op_<name> for every line of GK_OPS, so an op added
+ * there without a handler here does not build. */
+typedef int (*server_op_fn)(struct server_conn *c);
+
+static const server_op_fn handlers[GK_OP_MAX + 1] = {
+#define SERVER_OP_HANDLER(NAME, code, name, body, results, flags, reach) [code] = op_##name,
+    GK_OPS(SERVER_OP_HANDLER)
+#undef SERVER_OP_HANDLER
+};
+
 int server_ops_execute(struct server_conn *c)
 {
-    c->worker->last_was_staged = c->req.opcode == GK_OP_PUT_STAGED;
-    switch (c->req.opcode) {
-    case GK_OP_PING: return server_reply_status(c, 0);
-    case GK_OP_STATS: return op_stats(c);
-    case GK_OP_EXISTS: return op_exists(c);
-    case GK_OP_GET: return op_get(c);
-    case GK_OP_PUT: return op_put(c);
-    case GK_OP_DELETE: return op_delete(c);
-    case GK_OP_CLEAR: return op_clear(c);
-    case GK_OP_HELLO: return op_hello(c);
-    case GK_OP_LEASE: return op_lease(c);
-    case GK_OP_RELEASE: return op_release(c);
-    case GK_OP_RDMA_HELLO: return op_rdma_hello(c);
-    case GK_OP_RESERVE: return op_reserve(c);
-    case GK_OP_COMMIT: return op_commit(c);
-    case GK_OP_AUTH: return op_auth(c);
-    case GK_OP_PUT_STAGED: return op_put_staged(c);
-    }
-    return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
+    uint8_t op = c->req.opcode;
+
+    c->worker->last_was_staged = op == GK_OP_PUT_STAGED;
+    if (op == 0 || op > GK_OP_MAX)
+        return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let none through */
+    return handlers[op](c);
 }
 
 void server_ops_frame_done(struct server_conn *c)
@@ -623,16 +580,14 @@ static int single_tenant_local(const struct server_conn *c)
 
 int server_ops_allowed(const struct server_conn *c, uint8_t op)
 {
-    switch (op) {
-    case GK_OP_HELLO: return c->local;
-    case GK_OP_LEASE:
-    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
-    case GK_OP_PUT_STAGED: return c->local;
-    /* RESERVE and COMMIT: rdma WRITEs, or copies into a writable pool. */
-    case GK_OP_RESERVE: return server_rdma_conn_active(c) || single_tenant_local(c);
-    case GK_OP_COMMIT: return c->rdma != NULL || single_tenant_local(c); /* killed QPs: COMMIT learns it */
-    default: return 1;
+    switch (gk_op(op)->reach) {
+    case GK_REACH_ANY: return 1;
+    case GK_REACH_LOCAL: return c->local;
+    case GK_REACH_READER: return c->local || server_rdma_conn_active(c);
+    case GK_REACH_WRITER: return server_rdma_conn_active(c) || single_tenant_local(c);
+    case GK_REACH_COMMITTER: return c->rdma != NULL || single_tenant_local(c);
     }
+    return 0;
 }
 
 void server_ops_expire(struct server_conn *c, uint64_t now_ns)

@@ -12,12 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct server_conn;
+#include "common/protocol.h"
 
-/* Starts the answer to the current request: encodes its header and returns
- * where its body_len body bytes go, or NULL when out of memory. */
-uint8_t *server_reply_start(struct server_conn *c, int32_t status, uint32_t count,
-                            uint32_t body_len, uint64_t payload_len);
+struct rdma_endpoint;
+struct rdma_region;
+struct server_conn;
+struct store_obj;
+
 /* A status and nothing else. */
 int server_reply_status(struct server_conn *c, int32_t status);
 /* No answer at all: the frame ends once handled (an unanswered RELEASE). */
@@ -27,6 +28,17 @@ int server_reply_error(struct server_conn *c, int32_t code, const char *msg, siz
 /* One result per key (status, size); sizes may be NULL when every size is 0. */
 int server_reply_results(struct server_conn *c, uint32_t n, const int32_t *status,
                          const uint64_t *sizes, uint64_t payload_len);
+/* LEASE's and RESERVE's answer: the results, then the chunk list of every
+ * object held (objs[i] not NULL). GDRKV_E_TOO_LARGE, with nothing
+ * written, when the lists would exceed the body limit. */
+int server_reply_chunk_lists(struct server_conn *c, uint32_t n, const int32_t *status,
+                             const uint64_t *sizes, struct store_obj *const *objs);
+/* RDMA_HELLO's answer: the server's endpoint and the pool's regions. */
+int server_reply_rdma_hello(struct server_conn *c, const struct rdma_endpoint *mine,
+                            const struct rdma_region *regions, uint32_t nregions);
+/* The first AUTH's answer: the server's nonce and its proof. */
+int server_reply_auth_challenge(struct server_conn *c, const uint8_t nonce[GK_AUTH_NONCE_SIZE],
+                                const uint8_t proof[GK_AUTH_PROOF_SIZE]);
 /* Sets the header flags of the answer just started (HELLO's). */
 void server_reply_flags(struct server_conn *c, uint16_t flags);
 /* len bytes of text (STATS). */
