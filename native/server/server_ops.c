@@ -140,7 +140,7 @@ static int op_lease(struct server_conn *c)
 {
     uint64_t bytes = pin_for_read(c);
     int rc = respond_chunk_lists(c);
-    c->lease_bytes = bytes;
+    c->lease.bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
         /* The word tells a client whose copy is done: a lease of no bytes
          * has no copy (nor a RELEASE; the next frame ends it). */
@@ -159,9 +159,9 @@ static int op_lease(struct server_conn *c)
 static int op_release(struct server_conn *c)
 {
     int32_t status = c->holds == CONN_HOLDS_LEASE ? 0
-                     : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+                     : c->hold_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
     server_ops_release(c);
-    c->lease_expired = 0;
+    c->hold_expired = 0;
     if (c->req.flags & GK_RELEASE_UNANSWERED) {
         server_reply_none(c);
         return 0;
@@ -339,7 +339,7 @@ static int op_reserve(struct server_conn *c)
         bytes += b->objs[i] ? b->sizes[i] : 0;
     }
     int rc = respond_chunk_lists(c);
-    c->lease_bytes = bytes;
+    c->reserved.bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS) {
         struct server_counters *k = &c->worker->counters;
         gk_counter_add(c->rdma ? &k->rdma_reserved_bytes : &k->shm_reserved_bytes, bytes);
@@ -355,11 +355,11 @@ static int op_commit(struct server_conn *c)
     struct server_batch *b = &c->batch;
     uint32_t n = c->req.count;
 
-    if (c->holds != CONN_HOLDS_RESERVATIONS) {
+    if (c->holds != CONN_HOLDS_COMMIT) {
         /* Expired: the QPs are dead too, so this connection is done. */
         c->close_after_write = 1;
-        int32_t status = c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
-        c->lease_expired = 0;
+        int32_t status = c->hold_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+        c->hold_expired = 0;
         return server_reply_status(c, status);
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -376,7 +376,6 @@ static int op_commit(struct server_conn *c)
     }
     store_commit_batch(s, b->objs, n);
     c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_commit = 0;
     for (uint32_t i = 0; i < n; i++)
         if (b->status[i] == STORE_PRESENT)
             b->status[i] = 0;
@@ -500,24 +499,30 @@ int server_ops_execute(struct server_conn *c)
     return handlers[op](c);
 }
 
+/* ------------------------------------------------------------ holds */
+
+/* When a hold kept past its frame expires: the timeout, plus 1 ms per MiB
+ * held: a batch of tens of GiB moving at 1 GB/s or more is never cut off,
+ * a client that went away still is. */
+static uint64_t hold_deadline(const struct server_conn *c, uint64_t bytes)
+{
+    return gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+           (bytes >> 20) * 1000000ull;
+}
+
 void server_ops_frame_done(struct server_conn *c)
 {
-    /* The timeout, plus 1 ms per MiB held: a batch of tens of GiB moving at
-     * 1 GB/s or more is never cut off, a client that went away still is. */
-    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
-                        (c->lease_bytes >> 20) * 1000000ull;
-
     if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
         c->holds = CONN_HOLDS_LEASE;
-        c->lease_count = c->req.count;
-        c->lease_deadline_ns = deadline;
+        c->lease.count = c->req.count;
+        c->lease.deadline_ns = hold_deadline(c, c->lease.bytes);
         return;
     }
     /* RESERVE's reservations wait for the client's WRITEs and COMMIT. */
     if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
-        c->lease_count = c->req.count;
-        c->lease_deadline_ns = deadline;
-        c->reserved_for_commit = 1;
+        c->holds = CONN_HOLDS_COMMIT;
+        c->reserved.count = c->req.count;
+        c->reserved.deadline_ns = hold_deadline(c, c->reserved.bytes);
         return;
     }
     server_ops_release(c);
@@ -525,39 +530,43 @@ void server_ops_frame_done(struct server_conn *c)
 
 void server_ops_release(struct server_conn *c)
 {
+    struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
 
-    if (c->holds == CONN_HOLDS_PINS || c->holds == CONN_HOLDS_LEASE)
+    switch (c->holds) {
+    case CONN_HOLDS_NOTHING:
+        break;
+    case CONN_HOLDS_PINS:
         server_staging_lease(&c->staging, 0);
-    if (c->holds == CONN_HOLDS_PINS)
-        store_unpin_batch(store_of(c), b->objs, c->req.count);
-    else if (c->holds == CONN_HOLDS_LEASE)
-        store_unpin_batch(store_of(c), b->objs, c->lease_count);
-    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit) {
+        store_unpin_batch(s, b->objs, c->req.count);
+        break;
+    case CONN_HOLDS_LEASE:
+        server_staging_lease(&c->staging, 0);
+        store_unpin_batch(s, b->objs, c->lease.count);
+        break;
+    case CONN_HOLDS_RESERVATIONS:
+        store_abort_batch(s, b->objs, c->req.count);
+        break;
+    case CONN_HOLDS_COMMIT:
         /* The client may still be writing into them: stop its QPs first.
          * Without them the connection is no rdma one any more: it ends
          * after its next answer. */
         server_rdma_conn_kill(c);
         c->close_after_write = 1;
-        store_abort_batch(store_of(c), b->objs, c->lease_count);
-    } else if (c->holds == CONN_HOLDS_RESERVATIONS) {
-        store_abort_batch(store_of(c), b->objs, c->req.count);
+        store_abort_batch(s, b->objs, c->reserved.count);
+        break;
     }
     c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_commit = 0;
 }
-
-/* ------------------------------------------------------------ holds */
 
 int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
 {
     const struct gk_hdr *h = &c->req;
     int ends_lease = h->opcode == GK_OP_RELEASE && c->holds == CONN_HOLDS_LEASE;
-    int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
-                  c->reserved_for_commit;
+    int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_COMMIT;
 
-    if (commits && h->count != c->lease_count) {
-        snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->lease_count);
+    if (commits && h->count != c->reserved.count) {
+        snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->reserved.count);
         return GDRKV_E_PROTOCOL;
     }
     if (ends_lease || commits)
@@ -568,7 +577,7 @@ int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
                       c->holds == CONN_HOLDS_NOTHING;
     server_ops_release(c);
     if (!asks_expiry)
-        c->lease_expired = 0;
+        c->hold_expired = 0;
     return 0;
 }
 
@@ -592,12 +601,13 @@ int server_ops_allowed(const struct server_conn *c, uint8_t op)
 
 void server_ops_expire(struct server_conn *c, uint64_t now_ns)
 {
-    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit;
-    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
+    int leased = c->holds == CONN_HOLDS_LEASE, reserved = c->holds == CONN_HOLDS_COMMIT;
+    if (!(leased && now_ns >= c->lease.deadline_ns) &&
+        !(reserved && now_ns >= c->reserved.deadline_ns))
         return;
     GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
-             c->lease_count);
+             reserved ? c->reserved.count : c->lease.count);
     server_ops_release(c);
-    c->lease_expired = 1;
+    c->hold_expired = 1;
     gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
 }
