@@ -416,7 +416,7 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     k = &c->counters;
     gk_text_init(&t, buf, len);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op(op)->flags & GK_OPF_TRANSPORT)
+        if (gk_op(op)->transport)
             continue;   /* frames of the transport, never calls of their own */
         snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
         gk_text_u64(&t, name, gk_counter_get(&k->calls[op]));
@@ -433,7 +433,7 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "servers", c->nservers);
     gk_text_u64(&t, "servers_down", servers_down(c));
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op(op)->flags & GK_OPF_TRANSPORT)
+        if (gk_op(op)->transport)
             continue;
         struct gk_latency lat = {0};
         gk_latency_merge(&lat, &k->latency[op]);

@@ -199,7 +199,10 @@ static void plan_server(struct planner *pl, uint32_t server, const struct server
 
     if (!gk_op_has_keys(b->opcode)) {
         add_job(pl, server);
-        add_frame(pl, 0, 0, b->opcode == GK_OP_CLEAR ? 1 + (uint64_t)b->ns->len : 0, 0, 0);
+        /* CLEAR's body is its namespace, no entries. */
+        uint64_t body_len = gk_op_is_keyed(b->opcode) ? gk_request_body_size(b->ns->len, 0, NULL)
+                                                      : 0;
+        add_frame(pl, 0, 0, body_len, 0, 0);
         return;
     }
     uint64_t bytes = sh->bytes;

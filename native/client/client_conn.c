@@ -207,7 +207,7 @@ static void encode_request(const struct client_batch *b, const struct client_fra
     if (gk_op_has_keys(b->opcode))
         gk_encode_request_body(body, b->ns, f->count, b->keys + f->key_off,
                                b->key_lens + f->first, b->sizes + f->first);
-    else if (b->opcode == GK_OP_CLEAR)
+    else if (gk_op_is_keyed(b->opcode))     /* CLEAR: the namespace, no entries */
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
@@ -543,10 +543,10 @@ static int take_header(struct client_conn *c)
             return broken(c, "result count differs from the key count");
         /* Bodies that go on past the results: LEASE's and RESERVE's chunk
          * lists, RDMA_HELLO's endpoint, STATS text. */
-        int more = gk_op(op)->flags & GK_OPF_BODY_AFTER;
+        int more = gk_op(op)->body_after_results;
         if (more ? h->body_len < count * GK_RESULT_SIZE : h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
-        if (!(gk_op(op)->flags & GK_OPF_PAYLOAD_OUT) && h->payload_len != 0)
+        if (!gk_op(op)->payload_out && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
     }
     /* STATS text, error messages and RDMA_HELLO's answer may outgrow the

@@ -38,15 +38,17 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h)
 
 const struct gk_op_info gk_op_table[GK_OP_MAX + 1] = {
     [0] = {.name = "unknown"},
-#define GK_OP_LINE(NAME, code, name_, body_, results_, flags_, reach_)                          \
-    [code] = {.name = #name_, .body = body_, .results = results_, .flags = flags_, .reach = reach_},
+#define GK_OP_LINE(NAME, code, name_, body_, results_, trans, in, out, after, reads_, reach_) \
+    [code] = {.name = #name_, .body = GK_BODY_##body_, .results = GK_RESULTS_##results_,       \
+              .transport = trans, .payload_in = in, .payload_out = out,                       \
+              .body_after_results = after, .reads = reads_, .reach = GK_REACH_##reach_},
     GK_OPS(GK_OP_LINE)
 #undef GK_OP_LINE
 };
 
 /* GK_OP_MAX counts the ops: every code must lie in 1..GK_OP_MAX (and the
  * table's initialisers refuse a code twice), so none is left out. */
-#define GK_OP_IN_RANGE(NAME, code, name, body, results, flags, reach)                           \
+#define GK_OP_IN_RANGE(NAME, code, name, body, results, trans, in, out, after, reads, reach)  \
     _Static_assert(code >= 1 && code <= GK_OP_MAX, "opcode " #name " out of 1..GK_OP_MAX");
 GK_OPS(GK_OP_IN_RANGE)
 #undef GK_OP_IN_RANGE
@@ -60,7 +62,7 @@ int gk_check_request_hdr(const struct gk_hdr *h)
     if (h->version != GK_VERSION || h->opcode == 0 || h->opcode > GK_OP_MAX)
         return GDRKV_E_UNSUPPORTED;
     const struct gk_op_info *op = gk_op(h->opcode);
-    if (h->payload_len != 0 && !(op->flags & GK_OPF_PAYLOAD_IN))
+    if (h->payload_len != 0 && !op->payload_in)
         return GDRKV_E_PROTOCOL;
     int ok = 0;
     switch (op->body) {
@@ -112,7 +114,7 @@ int gk_parse_request_body(const struct gk_hdr *h, const uint8_t *body,
     }
     if (left != 0)
         return GDRKV_E_PROTOCOL;
-    if (gk_op(h->opcode)->flags & GK_OPF_PAYLOAD_IN ? payload != h->payload_len
+    if (gk_op(h->opcode)->payload_in ? payload != h->payload_len
                                                    : h->payload_len != 0)
         return GDRKV_E_PROTOCOL;
     return 0;

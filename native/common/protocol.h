@@ -135,40 +135,33 @@
  * header checks, the server's dispatch table (op_<name> in server_ops.c)
  * and the client's frame checks are all read off this list.
  *
- *   X(NAME, code, name, request body, answer results, flags, reach)
- *
- * request body: what the control body of a request is (GK_BODY_*).
- * answer results: the results of a success answer (GK_RESULTS_*).
- * flags: GK_OPF_* below.
- * reach: which connections may send it (GK_REACH_*); the server skips it,
- *   answered UNSUPPORTED, on any other. */
-#define GK_OPS(X)                                                                               \
-    X(PING,        1, ping,       GK_BODY_NONE,     GK_RESULTS_NONE, 0, GK_REACH_ANY)          \
-    X(EXISTS,      2, exists,     GK_BODY_KEYS,     GK_RESULTS_PER_KEY, 0, GK_REACH_ANY)       \
-    X(GET,         3, get,        GK_BODY_KEYS,     GK_RESULTS_PER_KEY,                        \
-      GK_OPF_PAYLOAD_OUT | GK_OPF_READS, GK_REACH_ANY)                                         \
-    X(PUT,         4, put,        GK_BODY_KEYS,     GK_RESULTS_PER_KEY, GK_OPF_PAYLOAD_IN,     \
-      GK_REACH_ANY)                                                                            \
-    X(DELETE,      5, delete,     GK_BODY_KEYS,     GK_RESULTS_PER_KEY, 0, GK_REACH_ANY)       \
-    X(STATS,       6, stats,      GK_BODY_NONE,     GK_RESULTS_NONE, GK_OPF_BODY_AFTER,        \
-      GK_REACH_ANY)                                                                            \
-    X(CLEAR,       7, clear,      GK_BODY_NS,       GK_RESULTS_ONE, 0, GK_REACH_ANY)           \
-    X(HELLO,       8, hello,      GK_BODY_NONE,     GK_RESULTS_ONE, GK_OPF_TRANSPORT,          \
-      GK_REACH_LOCAL)                                                                          \
-    X(LEASE,       9, lease,      GK_BODY_KEYS,     GK_RESULTS_PER_KEY,                        \
-      GK_OPF_TRANSPORT | GK_OPF_BODY_AFTER | GK_OPF_READS, GK_REACH_READER)                   \
-    X(RELEASE,    10, release,    GK_BODY_NONE,     GK_RESULTS_NONE, GK_OPF_TRANSPORT,         \
-      GK_REACH_READER)                                                                         \
-    X(RDMA_HELLO, 11, rdma_hello, GK_BODY_ENDPOINT, GK_RESULTS_NONE,                           \
-      GK_OPF_TRANSPORT | GK_OPF_BODY_AFTER, GK_REACH_ANY)                                      \
-    X(RESERVE,    12, reserve,    GK_BODY_KEYS,     GK_RESULTS_PER_KEY,                        \
-      GK_OPF_TRANSPORT | GK_OPF_BODY_AFTER, GK_REACH_WRITER)                                   \
-    X(COMMIT,     13, commit,     GK_BODY_VERDICTS, GK_RESULTS_PER_KEY, GK_OPF_TRANSPORT,      \
-      GK_REACH_COMMITTER)                                                                      \
-    X(AUTH,       14, auth,       GK_BODY_NONCE,    GK_RESULTS_NONE,                           \
-      GK_OPF_TRANSPORT | GK_OPF_BODY_AFTER, GK_REACH_ANY)                                      \
-    X(PUT_STAGED, 15, put_staged, GK_BODY_KEYS,     GK_RESULTS_PER_KEY, GK_OPF_TRANSPORT,      \
-      GK_REACH_LOCAL)
+ *   body     the request's control body (GK_BODY_*)
+ *   results  what a success answer carries per frame (GK_RESULTS_*)
+ *   trans    a transport's own frame, never an API call of its own
+ *   in       the request carries the values (payload)
+ *   out      the answer carries the values (payload)
+ *   after    the answer's body goes on past its results
+ *   reads    pins the objects to read them: disk-tier keys come back first
+ *   reach    which connections may send it (GK_REACH_*); on any other the
+ *            server skips it, answered UNSUPPORTED
+ */
+#define GK_OPS(X)                                                                         \
+    /* NAME       code name        body      results  trans in out after reads reach */   \
+    X(PING,        1, ping,        NONE,     NONE,    0,    0, 0,  0,    0,    ANY)       \
+    X(EXISTS,      2, exists,      KEYS,     PER_KEY, 0,    0, 0,  0,    0,    ANY)       \
+    X(GET,         3, get,         KEYS,     PER_KEY, 0,    0, 1,  0,    1,    ANY)       \
+    X(PUT,         4, put,         KEYS,     PER_KEY, 0,    1, 0,  0,    0,    ANY)       \
+    X(DELETE,      5, delete,      KEYS,     PER_KEY, 0,    0, 0,  0,    0,    ANY)       \
+    X(STATS,       6, stats,       NONE,     NONE,    0,    0, 0,  1,    0,    ANY)       \
+    X(CLEAR,       7, clear,       NS,       ONE,     0,    0, 0,  0,    0,    ANY)       \
+    X(HELLO,       8, hello,       NONE,     ONE,     1,    0, 0,  0,    0,    LOCAL)     \
+    X(LEASE,       9, lease,       KEYS,     PER_KEY, 1,    0, 0,  1,    1,    READER)    \
+    X(RELEASE,    10, release,     NONE,     NONE,    1,    0, 0,  0,    0,    READER)    \
+    X(RDMA_HELLO, 11, rdma_hello,  ENDPOINT, NONE,    1,    0, 0,  1,    0,    ANY)       \
+    X(RESERVE,    12, reserve,     KEYS,     PER_KEY, 1,    0, 0,  1,    0,    WRITER)    \
+    X(COMMIT,     13, commit,      VERDICTS, PER_KEY, 1,    0, 0,  0,    0,    COMMITTER) \
+    X(AUTH,       14, auth,        NONCE,    NONE,    1,    0, 0,  1,    0,    ANY)       \
+    X(PUT_STAGED, 15, put_staged,  KEYS,     PER_KEY, 1,    0, 0,  0,    0,    LOCAL)
 
 /* A request's control body. */
 enum gk_body {
@@ -187,12 +180,6 @@ enum gk_results {
     GK_RESULTS_ONE
 };
 
-#define GK_OPF_TRANSPORT 1      /* a transport's own frame, never an API call of its own */
-#define GK_OPF_PAYLOAD_IN 2     /* the request carries the values */
-#define GK_OPF_PAYLOAD_OUT 4    /* the answer carries the values */
-#define GK_OPF_BODY_AFTER 8     /* the answer's body goes on past its results */
-#define GK_OPF_READS 16         /* pins the objects to read them: disk-tier keys come back first */
-
 /* Which connections may send an op. */
 enum gk_reach {
     GK_REACH_ANY,
@@ -203,7 +190,8 @@ enum gk_reach {
 };
 
 enum gk_opcode {
-#define GK_OP_CODE(NAME, code, name, body, results, flags, reach) GK_OP_##NAME = code,
+#define GK_OP_CODE(NAME, code, name, body, results, trans, in, out, after, reads, reach)     \
+    GK_OP_##NAME = code,
     GK_OPS(GK_OP_CODE)
 #undef GK_OP_CODE
     GK_OP_RESPONSE = 0x80
@@ -211,16 +199,21 @@ enum gk_opcode {
 
 /* Opcodes run 1..GK_OP_MAX without a gap (protocol.c checks it). */
 enum {
-#define GK_OP_ONE(NAME, code, name, body, results, flags, reach) +1
+#define GK_OP_ONE(NAME, code, name, body, results, trans, in, out, after, reads, reach) +1
     GK_OP_MAX = 0 GK_OPS(GK_OP_ONE)
 #undef GK_OP_ONE
 };
 
+/* One line of GK_OPS. */
 struct gk_op_info {
     const char *name;
     enum gk_body body;
     enum gk_results results;
-    unsigned flags;
+    unsigned transport : 1;
+    unsigned payload_in : 1;
+    unsigned payload_out : 1;
+    unsigned body_after_results : 1;
+    unsigned reads : 1;
     enum gk_reach reach;
 };
 

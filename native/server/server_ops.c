@@ -484,7 +484,8 @@ static int op_auth(struct server_conn *c)
 typedef int (*server_op_fn)(struct server_conn *c);
 
 static const server_op_fn handlers[GK_OP_MAX + 1] = {
-#define SERVER_OP_HANDLER(NAME, code, name, body, results, flags, reach) [code] = op_##name,
+#define SERVER_OP_HANDLER(NAME, code, name, body, results, trans, in, out, after, reads, reach) \
+    [code] = op_##name,
     GK_OPS(SERVER_OP_HANDLER)
 #undef SERVER_OP_HANDLER
 };
