@@ -11,7 +11,6 @@
 
 #include "common/common.h"
 #include "common/log.h"
-#include "rdma/rdma_qp.h"
 #include "server_rdma.h"
 #include "server_reply.h"
 #include "server_state.h"
@@ -479,6 +478,8 @@ static int op_auth(struct server_conn *c)
     return server_reply_status(c, 0);
 }
 
+/* ------------------------------------------------------------ dispatch */
+
 /* The dispatch table: op_<name> for every line of GK_OPS, so an op added
  * there without a handler here does not build. */
 typedef int (*server_op_fn)(struct server_conn *c);
@@ -498,6 +499,24 @@ int server_ops_execute(struct server_conn *c)
     if (op == 0 || op > GK_OP_MAX)
         return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let none through */
     return handlers[op](c);
+}
+
+/* A local connection of a single-tenant server: it maps the pool writable. */
+static int single_tenant_local(const struct server_conn *c)
+{
+    return c->local && c->worker->server->single_tenant;
+}
+
+int server_ops_allowed(const struct server_conn *c, uint8_t op)
+{
+    switch (gk_op(op)->reach) {
+    case GK_REACH_ANY: return 1;
+    case GK_REACH_LOCAL: return c->local;
+    case GK_REACH_READER: return c->local || server_rdma_conn_active(c);
+    case GK_REACH_WRITER: return server_rdma_conn_active(c) || single_tenant_local(c);
+    case GK_REACH_COMMITTER: return c->rdma != NULL || single_tenant_local(c);
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------ holds */
@@ -579,24 +598,6 @@ int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
     server_ops_release(c);
     if (!asks_expiry)
         c->hold_expired = 0;
-    return 0;
-}
-
-/* A local connection of a single-tenant server: it maps the pool writable. */
-static int single_tenant_local(const struct server_conn *c)
-{
-    return c->local && c->worker->server->single_tenant;
-}
-
-int server_ops_allowed(const struct server_conn *c, uint8_t op)
-{
-    switch (gk_op(op)->reach) {
-    case GK_REACH_ANY: return 1;
-    case GK_REACH_LOCAL: return c->local;
-    case GK_REACH_READER: return c->local || server_rdma_conn_active(c);
-    case GK_REACH_WRITER: return server_rdma_conn_active(c) || single_tenant_local(c);
-    case GK_REACH_COMMITTER: return c->rdma != NULL || single_tenant_local(c);
-    }
     return 0;
 }
 
