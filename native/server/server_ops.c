@@ -99,21 +99,15 @@ static int op_hello(struct server_conn *c)
 {
     struct gdrkv_server *srv = c->worker->server;
     struct store *s = store_of(c);
-    int32_t status = 0;
-    uint64_t size = store_capacity(s);
 
     if (srv->shm_staging_bytes && !c->staging.base &&
         server_staging_open(&c->staging, srv->shm_staging_bytes) != 0)
         GK_WARN("fd %d: no staging memfd (%s): this client's PUTs go on the socket", c->fd,
                 strerror(errno));
-    c->pass_fds[0] = store_pool_fd(s);
-    c->pass_fds[1] = c->staging.fd;
-    int rc = server_reply_results(c, 1, &status, &size, 0);
     uint16_t staging_words = GK_HELLO_LEASE_WORD | GK_HELLO_STAGED_WORD;
-    if (rc == 0)
-        server_reply_flags(c, (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
-                                  (c->staging.base ? staging_words : 0));
-    return rc;
+    uint16_t flags = (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
+                     (c->staging.base ? staging_words : 0);
+    return server_reply_hello(c, store_capacity(s), flags, store_pool_fd(s), c->staging.fd);
 }
 
 /* Answers LEASE and RESERVE: the results, then the chunk list of every

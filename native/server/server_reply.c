@@ -131,6 +131,18 @@ int server_reply_auth_challenge(struct server_conn *c, const uint8_t nonce[GK_AU
     return 0;
 }
 
+int server_reply_hello(struct server_conn *c, uint64_t pool_size, uint16_t flags, int pool_fd,
+                       int staging_fd)
+{
+    int32_t status = 0;
+    if (!reply_results(c, 1, &status, &pool_size, 0, 0))
+        return GDRKV_E_INTERNAL;
+    server_reply_flags(c, flags);
+    c->pass_fds[0] = pool_fd;
+    c->pass_fds[1] = staging_fd;
+    return 0;
+}
+
 void server_reply_flags(struct server_conn *c, uint16_t flags)
 {
     gk_store16(c->out + 6, flags);

@@ -2,8 +2,8 @@
  * server_reply.h - the one way a handler answers a frame (Redis's addReply
  * family): a handler says what the answer is, these encode it into the
  * connection's output buffer, and nothing else writes there. The
- * connection (server_conn.c) then sends it, followed for GET by the values
- * straight from their pinned chunks. Each returns 0, or GDRKV_E_INTERNAL
+ * connection (server_conn.c) then sends it, with HELLO's fds, followed for
+ * GET by the values straight from their pinned chunks. Each returns 0, or GDRKV_E_INTERNAL
  * when out of memory (the connection is closed then).
  */
 #ifndef GDRKV_SERVER_REPLY_H
@@ -39,7 +39,11 @@ int server_reply_rdma_hello(struct server_conn *c, const struct rdma_endpoint *m
 /* The first AUTH's answer: the server's nonce and its proof. */
 int server_reply_auth_challenge(struct server_conn *c, const uint8_t nonce[GK_AUTH_NONCE_SIZE],
                                 const uint8_t proof[GK_AUTH_PROOF_SIZE]);
-/* Sets the header flags of the answer just started (HELLO's). */
+/* HELLO's answer: the pool's size as the one result, flags, and the pool's
+ * and the staging memfds (staging_fd -1: none) sent with its first byte. */
+int server_reply_hello(struct server_conn *c, uint64_t pool_size, uint16_t flags, int pool_fd,
+                       int staging_fd);
+/* Sets the header flags of the answer just started (PUT_STAGED's stop). */
 void server_reply_flags(struct server_conn *c, uint16_t flags);
 /* len bytes of text (STATS). */
 int server_reply_text(struct server_conn *c, const char *text, size_t len);
