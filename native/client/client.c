@@ -416,11 +416,11 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     k = &c->counters;
     gk_text_init(&t, buf, len);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op_is_transport(op))
+        if (gk_op(op)->transport)
             continue;   /* frames of the transport, never calls of their own */
         snprintf(name, sizeof name, "calls_%s", gk_op_name(op));
         gk_text_u64(&t, name, gk_counter_get(&k->calls[op]));
-        if (client_op_has_keys(op)) {
+        if (gk_op_has_keys(op)) {
             snprintf(name, sizeof name, "keys_%s", gk_op_name(op));
             gk_text_u64(&t, name, gk_counter_get(&k->keys[op]));
         }
@@ -433,7 +433,7 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     gk_text_u64(&t, "servers", c->nservers);
     gk_text_u64(&t, "servers_down", servers_down(c));
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        if (gk_op_is_transport(op))
+        if (gk_op(op)->transport)
             continue;
         struct gk_latency lat = {0};
         gk_latency_merge(&lat, &k->latency[op]);

@@ -130,7 +130,7 @@ static void add_job(struct planner *pl, uint32_t server)
 static void add_frame(struct planner *pl, uint32_t first, uint32_t count, uint64_t body_len,
                       uint64_t payload_len, uint64_t key_bytes)
 {
-    uint64_t response = (uint64_t)client_response_count(pl->b->opcode, count) * GK_RESULT_SIZE;
+    uint64_t response = (uint64_t)gk_op_result_count(pl->b->opcode, count) * GK_RESULT_SIZE;
     size_t cap = GK_HDR_SIZE + (size_t)GK_MAX(body_len, response);
 
     if (pl->frames) {
@@ -197,9 +197,12 @@ static void plan_server(struct planner *pl, uint32_t server, const struct server
 {
     const struct client_batch *b = pl->b;
 
-    if (!client_op_has_keys(b->opcode)) {
+    if (!gk_op_has_keys(b->opcode)) {
         add_job(pl, server);
-        add_frame(pl, 0, 0, b->opcode == GK_OP_CLEAR ? 1 + (uint64_t)b->ns->len : 0, 0, 0);
+        /* CLEAR's body is its namespace, no entries. */
+        uint64_t body_len = gk_op_is_keyed(b->opcode) ? gk_request_body_size(b->ns->len, 0, NULL)
+                                                      : 0;
+        add_frame(pl, 0, 0, body_len, 0, 0);
         return;
     }
     uint64_t bytes = sh->bytes;

@@ -10,21 +10,18 @@
 /* Lays one object's chunks over its segments. The object fits its
  * segments (the caller checked its size against their capacity), so the
  * segment index never runs past them. */
-static int walk_object(const uint8_t **at, size_t *left, uint64_t pool_size,
+static int walk_object(struct gk_chunk_reader *r, uint64_t pool_size,
                        const struct client_batch *b, uint32_t p, uint64_t obj_len,
                        client_chunk_fn fn, void *arg)
 {
-    if (*left < GK_LEASE_OBJ_SIZE)
-        return GDRKV_E_PROTOCOL;
-    uint32_t nchunks = gk_load32(*at);
-    *at += GK_LEASE_OBJ_SIZE, *left -= GK_LEASE_OBJ_SIZE;
-    if (nchunks > *left / GK_LEASE_CHUNK_SIZE)
+    uint32_t nchunks;
+    if (gk_chunk_reader_list(r, &nchunks))
         return GDRKV_E_PROTOCOL;
 
     uint64_t seg = b->first_seg[p], seg_off = 0, total = 0;
     for (uint32_t k = 0; k < nchunks; k++) {
-        uint64_t off = gk_load64(*at), len = gk_load64(*at + 8);
-        *at += GK_LEASE_CHUNK_SIZE, *left -= GK_LEASE_CHUNK_SIZE;
+        uint64_t off, len;
+        gk_chunk_reader_chunk(r, &off, &len);
         if (off > pool_size || len > pool_size - off || len > obj_len - total)
             return GDRKV_E_PROTOCOL;
         total += len;
@@ -48,13 +45,16 @@ int client_chunks_walk(const uint8_t *lists, size_t len, uint64_t pool_size,
                        const uint8_t *listed, const uint64_t *obj_lens, client_chunk_fn fn,
                        void *arg)
 {
+    struct gk_chunk_reader r;
+
+    gk_chunk_reader_init(&r, lists, len);
     for (uint32_t k = 0; k < count; k++) {
         uint32_t p = first + k;
         if (listed ? !listed[k] : b->results[b->index[p]] < 0)
             continue;
-        int rc = walk_object(&lists, &len, pool_size, b, p, obj_lens[p], fn, arg);
+        int rc = walk_object(&r, pool_size, b, p, obj_lens[p], fn, arg);
         if (rc)
             return rc;
     }
-    return len == 0 ? 0 : GDRKV_E_PROTOCOL;
+    return gk_chunk_reader_done(&r) ? 0 : GDRKV_E_PROTOCOL;
 }

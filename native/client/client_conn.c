@@ -204,10 +204,10 @@ static void encode_request(const struct client_batch *b, const struct client_fra
     uint8_t *body = f->buf + GK_HDR_SIZE;
 
     gk_hdr_encode(&h, f->buf);
-    if (client_op_has_keys(b->opcode))
+    if (gk_op_has_keys(b->opcode))
         gk_encode_request_body(body, b->ns, f->count, b->keys + f->key_off,
                                b->key_lens + f->first, b->sizes + f->first);
-    else if (b->opcode == GK_OP_CLEAR)
+    else if (gk_op_is_keyed(b->opcode))     /* CLEAR: the namespace, no entries */
         gk_encode_request_body(body, b->ns, 0, NULL, NULL, NULL);
 }
 
@@ -512,13 +512,10 @@ static int send_request(struct client_conn *c)
 
 /* ------------------------------------------------------------ receiving */
 
-/* Results a success answer carries: none for RELEASE and RDMA_HELLO, else
- * those of the frame's op. */
+/* Results a success answer to the op on the wire carries. */
 static uint32_t expected_count(const struct client_conn *c)
 {
-    if (c->wire_op == GK_OP_RELEASE || c->wire_op == GK_OP_RDMA_HELLO)
-        return 0;
-    return client_response_count(c->batch->opcode, c->frame->count);
+    return gk_op_result_count(c->wire_op, c->frame->count);
 }
 
 /* Checks the response header against the request, before the body is
@@ -546,11 +543,10 @@ static int take_header(struct client_conn *c)
             return broken(c, "result count differs from the key count");
         /* Bodies that go on past the results: LEASE's and RESERVE's chunk
          * lists, RDMA_HELLO's endpoint, STATS text. */
-        int more = op == GK_OP_LEASE || op == GK_OP_RESERVE || op == GK_OP_RDMA_HELLO ||
-                   op == GK_OP_STATS;
+        int more = gk_op(op)->body_after_results;
         if (more ? h->body_len < count * GK_RESULT_SIZE : h->body_len != count * GK_RESULT_SIZE)
             return broken(c, "body length differs from the result count");
-        if (op != GK_OP_GET && h->payload_len != 0)
+        if (!gk_op(op)->payload_out && h->payload_len != 0)
             return broken(c, "payload on an op that has none");
     }
     /* STATS text, error messages and RDMA_HELLO's answer may outgrow the
@@ -624,7 +620,7 @@ static int take_plain(struct client_conn *c)
     struct client_frame *f = c->frame;
     const struct gk_hdr *h = &c->resp;
 
-    if (client_op_has_keys(b->opcode)) {
+    if (gk_op_has_keys(b->opcode)) {
         uint64_t payload;
         int rc = take_results(c, &payload);
         if (rc)

@@ -249,23 +249,10 @@ struct client_call {
     uint64_t deadline_ns;
 };
 
-/* Whether an op's frames carry keys (CLEAR carries only the namespace). */
-static inline int client_op_has_keys(uint8_t op)
-{
-    return op == GK_OP_EXISTS || op == GK_OP_GET || op == GK_OP_PUT || op == GK_OP_DELETE;
-}
-
-/* Results a successful response to a frame of `count` keys carries: one
- * per key, CLEAR's single count, none for PING and STATS. */
-static inline uint32_t client_response_count(uint8_t op, uint32_t count)
-{
-    return client_op_has_keys(op) ? count : op == GK_OP_CLEAR ? 1 : 0;
-}
-
 /* Gives every key of f (or f itself, for keyless ops) the result err. */
 static inline void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
 {
-    if (!client_op_has_keys(b->opcode)) {
+    if (!gk_op_has_keys(b->opcode)) {
         f->result = err;
         return;
     }

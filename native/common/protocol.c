@@ -36,47 +36,22 @@ void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h)
     h->req_id = gk_load64(in + 32);
 }
 
-int gk_op_is_keyed(uint8_t opcode)
-{
-    return opcode == GK_OP_EXISTS || opcode == GK_OP_GET || opcode == GK_OP_PUT ||
-           opcode == GK_OP_DELETE || opcode == GK_OP_CLEAR || opcode == GK_OP_LEASE ||
-           opcode == GK_OP_RESERVE || opcode == GK_OP_PUT_STAGED;
-}
+const struct gk_op_info gk_op_table[GK_OP_MAX + 1] = {
+    [0] = {.name = "unknown"},
+#define GK_OP_LINE(NAME, code, name_, body_, results_, trans, in, out, after, reads_, reach_) \
+    [code] = {.name = #name_, .body = GK_BODY_##body_, .results = GK_RESULTS_##results_,       \
+              .transport = trans, .payload_in = in, .payload_out = out,                       \
+              .body_after_results = after, .reads = reads_, .reach = GK_REACH_##reach_},
+    GK_OPS(GK_OP_LINE)
+#undef GK_OP_LINE
+};
 
-/* Whether opcode reads or writes the pool in place: shm or rdma only. */
-static int op_is_in_place(uint8_t opcode)
-{
-    return opcode == GK_OP_LEASE || opcode == GK_OP_RELEASE || opcode == GK_OP_RESERVE ||
-           opcode == GK_OP_COMMIT || opcode == GK_OP_PUT_STAGED;
-}
-
-int gk_op_is_transport(uint8_t opcode)
-{
-    return opcode == GK_OP_HELLO || opcode == GK_OP_RDMA_HELLO || opcode == GK_OP_AUTH ||
-           op_is_in_place(opcode);
-}
-
-const char *gk_op_name(uint8_t opcode)
-{
-    switch (opcode & ~GK_OP_RESPONSE) {
-    case GK_OP_PING: return "ping";
-    case GK_OP_EXISTS: return "exists";
-    case GK_OP_GET: return "get";
-    case GK_OP_PUT: return "put";
-    case GK_OP_DELETE: return "delete";
-    case GK_OP_STATS: return "stats";
-    case GK_OP_CLEAR: return "clear";
-    case GK_OP_HELLO: return "hello";
-    case GK_OP_LEASE: return "lease";
-    case GK_OP_RELEASE: return "release";
-    case GK_OP_RDMA_HELLO: return "rdma_hello";
-    case GK_OP_RESERVE: return "reserve";
-    case GK_OP_COMMIT: return "commit";
-    case GK_OP_AUTH: return "auth";
-    case GK_OP_PUT_STAGED: return "put_staged";
-    default: return "unknown";
-    }
-}
+/* GK_OP_MAX counts the ops: every code must lie in 1..GK_OP_MAX (and the
+ * table's initialisers refuse a code twice), so none is left out. */
+#define GK_OP_IN_RANGE(NAME, code, name, body, results, trans, in, out, after, reads, reach)  \
+    _Static_assert(code >= 1 && code <= GK_OP_MAX, "opcode " #name " out of 1..GK_OP_MAX");
+GK_OPS(GK_OP_IN_RANGE)
+#undef GK_OP_IN_RANGE
 
 int gk_check_request_hdr(const struct gk_hdr *h)
 {
@@ -86,25 +61,23 @@ int gk_check_request_hdr(const struct gk_hdr *h)
         return GDRKV_E_TOO_LARGE;
     if (h->version != GK_VERSION || h->opcode == 0 || h->opcode > GK_OP_MAX)
         return GDRKV_E_UNSUPPORTED;
-    if (h->payload_len != 0 && h->opcode != GK_OP_PUT)
+    const struct gk_op_info *op = gk_op(h->opcode);
+    if (h->payload_len != 0 && !op->payload_in)
         return GDRKV_E_PROTOCOL;
-    /* The unkeyed ops with a body: RDMA_HELLO's endpoint, COMMIT's flags,
-     * AUTH's nonce or proof. */
-    if (h->opcode == GK_OP_RDMA_HELLO)
-        return h->count == 0 && h->body_len <= GK_MAX_RDMA_HELLO ? 0 : GDRKV_E_PROTOCOL;
-    if (h->opcode == GK_OP_COMMIT)
-        return h->body_len == h->count ? 0 : GDRKV_E_PROTOCOL;
-    if (h->opcode == GK_OP_AUTH)     /* a nonce, or a proof: both 32 bytes */
-        return h->count == 0 && h->body_len == GK_AUTH_NONCE_SIZE ? 0 : GDRKV_E_PROTOCOL;
-    if (!gk_op_is_keyed(h->opcode) && (h->count != 0 || h->body_len != 0))
-        return GDRKV_E_PROTOCOL;
-    if (h->opcode == GK_OP_CLEAR && h->count != 0)
-        return GDRKV_E_PROTOCOL;
+    int ok = 0;
+    switch (op->body) {
+    case GK_BODY_NONE: ok = h->count == 0 && h->body_len == 0; break;
+    case GK_BODY_ENDPOINT: ok = h->count == 0 && h->body_len <= GK_MAX_RDMA_HELLO; break;
+    case GK_BODY_VERDICTS: ok = h->body_len == h->count; break;
+    case GK_BODY_NONCE: ok = h->count == 0 && h->body_len == GK_AUTH_NONCE_SIZE; break;
     /* Each entry needs at least its fixed part and one key byte. */
-    if (gk_op_is_keyed(h->opcode) &&
-        (uint64_t)h->count * (GK_ENTRY_HDR_SIZE + 1) + 1 > h->body_len)
-        return GDRKV_E_PROTOCOL;
-    return 0;
+    case GK_BODY_NS:
+    case GK_BODY_KEYS:
+        ok = (op->body == GK_BODY_KEYS || h->count == 0) &&
+             (uint64_t)h->count * (GK_ENTRY_HDR_SIZE + 1) + 1 <= h->body_len;
+        break;
+    }
+    return ok ? 0 : GDRKV_E_PROTOCOL;
 }
 
 int gk_parse_request_body(const struct gk_hdr *h, const uint8_t *body,
@@ -141,7 +114,8 @@ int gk_parse_request_body(const struct gk_hdr *h, const uint8_t *body,
     }
     if (left != 0)
         return GDRKV_E_PROTOCOL;
-    if (h->opcode == GK_OP_PUT ? payload != h->payload_len : h->payload_len != 0)
+    if (gk_op(h->opcode)->payload_in ? payload != h->payload_len
+                                                   : h->payload_len != 0)
         return GDRKV_E_PROTOCOL;
     return 0;
 }
@@ -184,4 +158,140 @@ void gk_result_decode(const uint8_t in[GK_RESULT_SIZE], struct gk_result *r)
 {
     r->status = (int32_t)gk_load32(in);
     r->size = gk_load64(in + 8);
+}
+
+/* ------------------------------------------------------------ chunk lists */
+
+uint8_t *gk_chunk_list_encode(uint8_t *out, uint32_t nchunks)
+{
+    gk_store32(out, nchunks);
+    gk_store32(out + 4, 0);
+    return out + GK_LEASE_OBJ_SIZE;
+}
+
+uint8_t *gk_chunk_encode(uint8_t *out, uint64_t off, uint64_t len)
+{
+    gk_store64(out, off);
+    gk_store64(out + 8, len);
+    return out + GK_LEASE_CHUNK_SIZE;
+}
+
+void gk_chunk_reader_init(struct gk_chunk_reader *r, const uint8_t *lists, size_t len)
+{
+    *r = (struct gk_chunk_reader){.at = lists, .left = len};
+}
+
+int gk_chunk_reader_list(struct gk_chunk_reader *r, uint32_t *nchunks)
+{
+    if (r->left < GK_LEASE_OBJ_SIZE)
+        return GDRKV_E_PROTOCOL;
+    uint32_t n = gk_load32(r->at);
+    r->at += GK_LEASE_OBJ_SIZE, r->left -= GK_LEASE_OBJ_SIZE;
+    if (n > r->left / GK_LEASE_CHUNK_SIZE)
+        return GDRKV_E_PROTOCOL;
+    *nchunks = n;
+    return 0;
+}
+
+void gk_chunk_reader_chunk(struct gk_chunk_reader *r, uint64_t *off, uint64_t *len)
+{
+    *off = gk_load64(r->at);
+    *len = gk_load64(r->at + 8);
+    r->at += GK_LEASE_CHUNK_SIZE, r->left -= GK_LEASE_CHUNK_SIZE;
+}
+
+/* ------------------------------------------------------------ rdma records */
+
+size_t rdma_endpoint_size(const struct rdma_endpoint *e)
+{
+    return RDMA_ENDPOINT_MIN + (size_t)e->nqps * RDMA_QP_WIRE_SIZE;
+}
+
+size_t rdma_endpoint_encode(const struct rdma_endpoint *e, uint8_t *out)
+{
+    out[0] = e->eth;
+    out[1] = e->mtu;
+    gk_store16(out + 2, e->lid);
+    memcpy(out + 4, e->gid, 16);
+    gk_store32(out + 20, e->rd_atomic);
+    gk_store32(out + 24, e->sq_depth);
+    gk_store32(out + 28, e->max_sge);
+    gk_store32(out + 32, e->nqps);
+    gk_store32(out + 36, 0);
+    uint8_t *p = out + RDMA_ENDPOINT_MIN;
+    for (uint32_t i = 0; i < e->nqps; i++, p += RDMA_QP_WIRE_SIZE) {
+        gk_store32(p, e->qpn[i]);
+        gk_store32(p + 4, e->psn[i]);
+    }
+    return (size_t)(p - out);
+}
+
+size_t rdma_endpoint_decode(const uint8_t *in, size_t len, struct rdma_endpoint *e)
+{
+    if (len < RDMA_ENDPOINT_MIN)
+        return 0;
+    e->eth = in[0];
+    e->mtu = in[1];
+    e->lid = gk_load16(in + 2);
+    memcpy(e->gid, in + 4, 16);
+    e->rd_atomic = gk_load32(in + 20);
+    e->sq_depth = gk_load32(in + 24);
+    e->max_sge = gk_load32(in + 28);
+    e->nqps = gk_load32(in + 32);
+    if (e->eth > 1 || e->mtu < 1 || e->mtu > 5 || e->nqps == 0 || e->nqps > RDMA_MAX_QPS ||
+        e->rd_atomic == 0 || e->sq_depth == 0 || e->max_sge == 0 ||
+        len < rdma_endpoint_size(e))
+        return 0;
+    const uint8_t *p = in + RDMA_ENDPOINT_MIN;
+    for (uint32_t i = 0; i < e->nqps; i++, p += RDMA_QP_WIRE_SIZE) {
+        e->qpn[i] = gk_load32(p);
+        e->psn[i] = gk_load32(p + 4);
+        if (e->qpn[i] >= (1u << 24) || e->psn[i] >= (1u << 24))
+            return 0;
+    }
+    return (size_t)(p - in);
+}
+
+size_t rdma_regions_size(uint32_t n)
+{
+    return 8 + (size_t)n * RDMA_REGION_WIRE_SIZE;
+}
+
+size_t rdma_regions_encode(const struct rdma_region *regions, uint32_t n, uint8_t *out)
+{
+    gk_store32(out, n);
+    gk_store32(out + 4, 0);
+    uint8_t *p = out + 8;
+    for (uint32_t i = 0; i < n; i++, p += RDMA_REGION_WIRE_SIZE) {
+        gk_store64(p, regions[i].pool_off);
+        gk_store64(p + 8, regions[i].len);
+        gk_store64(p + 16, regions[i].addr);
+        gk_store32(p + 24, regions[i].rkey);
+        gk_store32(p + 28, 0);
+    }
+    return (size_t)(p - out);
+}
+
+int rdma_regions_decode(const uint8_t *in, size_t len, struct rdma_region *out, uint32_t max)
+{
+    if (len < 8)
+        return -1;
+    uint32_t n = gk_load32(in);
+    if (n == 0 || n > max || len != rdma_regions_size(n))
+        return -1;
+    const uint8_t *p = in + 8;
+    uint64_t next = 0;
+    for (uint32_t i = 0; i < n; i++, p += RDMA_REGION_WIRE_SIZE) {
+        struct rdma_region *r = &out[i];
+        r->pool_off = gk_load64(p);
+        r->len = gk_load64(p + 8);
+        r->addr = gk_load64(p + 16);
+        r->rkey = gk_load32(p + 24);
+        /* In pool order, back to back: a chunk's offset finds its region. */
+        if (r->pool_off != next || r->len == 0 || r->pool_off + r->len < r->pool_off ||
+            r->addr + r->len < r->addr)
+            return -1;
+        next = r->pool_off + r->len;
+    }
+    return (int)n;
 }

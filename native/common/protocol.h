@@ -67,7 +67,7 @@
  *            its copy, and saw its socket still open, knows already).
  *
  *   rdma transport (tcp or unix connections; docs/transports.md):
- *   RDMA_HELLO: body = the client's QP endpoint (rdma_qp.h); the answer's
+ *   RDMA_HELLO: body = the client's QP endpoint (below); the answer's
  *            body is the server's endpoint and the pool's registered
  *            regions. Once answered, GETs are LEASEs (the client READs the
  *            chunks, then RELEASE) and PUTs are RESERVE + COMMIT.
@@ -96,6 +96,7 @@
 #ifndef GDRKV_PROTOCOL_H
 #define GDRKV_PROTOCOL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define GK_MAGIC 0x564B4447u   /* bytes "GDKV" */
@@ -129,25 +130,128 @@
                                            stopped, send it again without (response) */
 #define GK_RELEASE_UNANSWERED 1         /* RELEASE request flag: send no answer */
 
+/* Every op, one line each: the only place an op's properties are stated
+ * (Redis's commands.def; LAYOUT.md example 11). The enum, the names, the
+ * header checks, the server's dispatch table (op_<name> in server_ops.c)
+ * and the client's frame checks are all read off this list.
+ *
+ *   body     the request's control body (GK_BODY_*)
+ *   results  what a success answer carries per frame (GK_RESULTS_*)
+ *   trans    a transport's own frame, never an API call of its own
+ *   in       the request carries the values (payload)
+ *   out      the answer carries the values (payload)
+ *   after    the answer's body goes on past its results
+ *   reads    pins the objects to read them: disk-tier keys come back first
+ *   reach    which connections may send it (GK_REACH_*); on any other the
+ *            server skips it, answered UNSUPPORTED
+ */
+#define GK_OPS(X)                                                                         \
+    /* NAME       code name        body      results  trans in out after reads reach */   \
+    X(PING,        1, ping,        NONE,     NONE,    0,    0, 0,  0,    0,    ANY)       \
+    X(EXISTS,      2, exists,      KEYS,     PER_KEY, 0,    0, 0,  0,    0,    ANY)       \
+    X(GET,         3, get,         KEYS,     PER_KEY, 0,    0, 1,  0,    1,    ANY)       \
+    X(PUT,         4, put,         KEYS,     PER_KEY, 0,    1, 0,  0,    0,    ANY)       \
+    X(DELETE,      5, delete,      KEYS,     PER_KEY, 0,    0, 0,  0,    0,    ANY)       \
+    X(STATS,       6, stats,       NONE,     NONE,    0,    0, 0,  1,    0,    ANY)       \
+    X(CLEAR,       7, clear,       NS,       ONE,     0,    0, 0,  0,    0,    ANY)       \
+    X(HELLO,       8, hello,       NONE,     ONE,     1,    0, 0,  0,    0,    LOCAL)     \
+    X(LEASE,       9, lease,       KEYS,     PER_KEY, 1,    0, 0,  1,    1,    READER)    \
+    X(RELEASE,    10, release,     NONE,     NONE,    1,    0, 0,  0,    0,    READER)    \
+    X(RDMA_HELLO, 11, rdma_hello,  ENDPOINT, NONE,    1,    0, 0,  1,    0,    ANY)       \
+    X(RESERVE,    12, reserve,     KEYS,     PER_KEY, 1,    0, 0,  1,    0,    WRITER)    \
+    X(COMMIT,     13, commit,      VERDICTS, PER_KEY, 1,    0, 0,  0,    0,    COMMITTER) \
+    X(AUTH,       14, auth,        NONCE,    NONE,    1,    0, 0,  1,    0,    ANY)       \
+    X(PUT_STAGED, 15, put_staged,  KEYS,     PER_KEY, 1,    0, 0,  0,    0,    LOCAL)
+
+/* A request's control body. */
+enum gk_body {
+    GK_BODY_NONE,           /* empty, count 0 */
+    GK_BODY_KEYS,           /* namespace + count entries (gk_parse_request_body) */
+    GK_BODY_NS,             /* namespace + no entries, count 0 */
+    GK_BODY_ENDPOINT,       /* the client's rdma endpoint, count 0 */
+    GK_BODY_VERDICTS,       /* count bytes, 1 to commit a key, 0 to abort it */
+    GK_BODY_NONCE           /* a 32-byte nonce or proof, count 0 */
+};
+
+/* The results of a success answer. */
+enum gk_results {
+    GK_RESULTS_NONE,
+    GK_RESULTS_PER_KEY,     /* one per entry of the request (COMMIT: per verdict) */
+    GK_RESULTS_ONE
+};
+
+/* Which connections may send an op. */
+enum gk_reach {
+    GK_REACH_ANY,
+    GK_REACH_LOCAL,         /* unix-socket peers (shm) */
+    GK_REACH_READER,        /* peers that read the pool in place: local, or with live QPs */
+    GK_REACH_WRITER,        /* peers that write it: live QPs, or local to a single-tenant pool */
+    GK_REACH_COMMITTER      /* a writer, or one whose QPs were killed (COMMIT learns it) */
+};
+
 enum gk_opcode {
-    GK_OP_PING = 1,
-    GK_OP_EXISTS = 2,
-    GK_OP_GET = 3,
-    GK_OP_PUT = 4,
-    GK_OP_DELETE = 5,
-    GK_OP_STATS = 6,
-    GK_OP_CLEAR = 7,
-    GK_OP_HELLO = 8,
-    GK_OP_LEASE = 9,
-    GK_OP_RELEASE = 10,
-    GK_OP_RDMA_HELLO = 11,
-    GK_OP_RESERVE = 12,
-    GK_OP_COMMIT = 13,
-    GK_OP_AUTH = 14,
-    GK_OP_PUT_STAGED = 15,
-    GK_OP_MAX = 15,
+#define GK_OP_CODE(NAME, code, name, body, results, trans, in, out, after, reads, reach)     \
+    GK_OP_##NAME = code,
+    GK_OPS(GK_OP_CODE)
+#undef GK_OP_CODE
     GK_OP_RESPONSE = 0x80
 };
+
+/* Opcodes run 1..GK_OP_MAX without a gap (protocol.c checks it). */
+enum {
+#define GK_OP_ONE(NAME, code, name, body, results, trans, in, out, after, reads, reach) +1
+    GK_OP_MAX = 0 GK_OPS(GK_OP_ONE)
+#undef GK_OP_ONE
+};
+
+/* One line of GK_OPS. */
+struct gk_op_info {
+    const char *name;
+    enum gk_body body;
+    enum gk_results results;
+    unsigned transport : 1;
+    unsigned payload_in : 1;
+    unsigned payload_out : 1;
+    unsigned body_after_results : 1;
+    unsigned reads : 1;
+    enum gk_reach reach;
+};
+
+extern const struct gk_op_info gk_op_table[GK_OP_MAX + 1];
+
+/* The line of opcode (response bit ignored); an unknown opcode gets line 0,
+ * named "unknown", whose request no check lets through. */
+static inline const struct gk_op_info *gk_op(uint8_t opcode)
+{
+    opcode &= (uint8_t)~GK_OP_RESPONSE;
+    return &gk_op_table[opcode <= GK_OP_MAX ? opcode : 0];
+}
+
+static inline const char *gk_op_name(uint8_t opcode)
+{
+    return gk_op(opcode)->name;
+}
+
+/* Whether opcode's request body is a namespace and entries (CLEAR's too,
+ * with none). */
+static inline int gk_op_is_keyed(uint8_t opcode)
+{
+    enum gk_body b = gk_op(opcode)->body;
+    return b == GK_BODY_KEYS || b == GK_BODY_NS;
+}
+
+/* Whether opcode's answer carries a result per entry. */
+static inline int gk_op_has_keys(uint8_t opcode)
+{
+    return gk_op(opcode)->results == GK_RESULTS_PER_KEY;
+}
+
+/* Results a success answer to a request of count entries carries. */
+static inline uint32_t gk_op_result_count(uint8_t opcode, uint32_t count)
+{
+    enum gk_results r = gk_op(opcode)->results;
+    return r == GK_RESULTS_PER_KEY ? count : r == GK_RESULTS_ONE ? 1 : 0;
+}
 
 struct gk_hdr {
     uint32_t magic;
@@ -181,12 +285,6 @@ struct gk_result {
 void gk_hdr_encode(const struct gk_hdr *h, uint8_t out[GK_HDR_SIZE]);
 void gk_hdr_decode(const uint8_t in[GK_HDR_SIZE], struct gk_hdr *h);
 
-/* Whether opcode takes a namespace + entries body. */
-int gk_op_is_keyed(uint8_t opcode);
-/* Whether opcode is a transport's own frame, never an API call of its own. */
-int gk_op_is_transport(uint8_t opcode);
-const char *gk_op_name(uint8_t opcode);
-
 /* Checks a request header against the limits: magic, version, body_len,
  * count, payload_len, and whether the opcode may carry a payload. Returns 0,
  * GDRKV_E_PROTOCOL (bad magic: the stream is not ours), GDRKV_E_UNSUPPORTED
@@ -211,5 +309,90 @@ uint64_t gk_encode_request_body(uint8_t *out, const struct gk_ns *ns, uint32_t n
 
 void gk_result_encode(uint8_t out[GK_RESULT_SIZE], int32_t status, uint64_t size);
 void gk_result_decode(const uint8_t in[GK_RESULT_SIZE], struct gk_result *r);
+
+/* ------------------------------------------------------------ chunk lists
+ *
+ * LEASE's and RESERVE's answers go on past the results with one chunk
+ * list per object held, in entry order:
+ *   u32 nchunks | u32 reserved | nchunks x (u64 off | u64 len)
+ */
+
+/* Bytes one object's list of nchunks takes. */
+static inline uint64_t gk_chunk_list_size(uint32_t nchunks)
+{
+    return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
+}
+/* Encodes a list's head, then each chunk; each returns where the next
+ * bytes go. */
+uint8_t *gk_chunk_list_encode(uint8_t *out, uint32_t nchunks);
+uint8_t *gk_chunk_encode(uint8_t *out, uint64_t off, uint64_t len);
+
+/* Reads the lists of an answer, object by object. */
+struct gk_chunk_reader {
+    const uint8_t *at;
+    size_t left;            /* bytes of the lists not read yet */
+};
+
+void gk_chunk_reader_init(struct gk_chunk_reader *r, const uint8_t *lists, size_t len);
+/* Takes the next object's list head: *nchunks chunks follow, all within
+ * the bytes left. Returns 0 or GDRKV_E_PROTOCOL. */
+int gk_chunk_reader_list(struct gk_chunk_reader *r, uint32_t *nchunks);
+/* Takes the next chunk of the list just taken (the caller counts them). */
+void gk_chunk_reader_chunk(struct gk_chunk_reader *r, uint64_t *off, uint64_t *len);
+/* Whether every byte of the lists was read. */
+static inline int gk_chunk_reader_done(const struct gk_chunk_reader *r)
+{
+    return r->left == 0;
+}
+
+/* ------------------------------------------------------------ rdma records
+ *
+ * RDMA_HELLO's bodies (docs/transports.md):
+ *   endpoint: u8 eth | u8 mtu | u16 lid | u8 gid[16] | u32 rd_atomic |
+ *             u32 sq_depth | u32 max_sge | u32 nqps | u32 reserved |
+ *             nqps x (u32 qpn | u32 psn)
+ *   server answer: its endpoint | u32 nregions | u32 reserved |
+ *             nregions x (u64 pool_off | u64 len | u64 addr | u32 rkey | u32 reserved)
+ *
+ * In the request rd_atomic, sq_depth and max_sge are what the client asks
+ * for; in the answer, what the server granted (never more).
+ */
+#define RDMA_MAX_QPS 16
+#define RDMA_MAX_REGIONS 4096
+#define RDMA_ENDPOINT_MIN 40        /* the fixed part */
+#define RDMA_QP_WIRE_SIZE 8
+#define RDMA_REGION_WIRE_SIZE 32
+
+struct rdma_endpoint {
+    uint8_t eth;
+    uint8_t mtu;
+    uint16_t lid;
+    uint8_t gid[16];
+    uint32_t rd_atomic;
+    uint32_t sq_depth;
+    uint32_t max_sge;
+    uint32_t nqps;
+    uint32_t qpn[RDMA_MAX_QPS];
+    uint32_t psn[RDMA_MAX_QPS];
+};
+
+/* A registered piece of the server's pool: offsets [pool_off, pool_off +
+ * len) are at addr under rkey. */
+struct rdma_region {
+    uint64_t pool_off, len, addr;
+    uint32_t rkey;
+};
+
+size_t rdma_endpoint_size(const struct rdma_endpoint *e);
+size_t rdma_endpoint_encode(const struct rdma_endpoint *e, uint8_t *out);
+/* Returns the bytes consumed, or 0 when malformed. */
+size_t rdma_endpoint_decode(const uint8_t *in, size_t len, struct rdma_endpoint *e);
+/* The answer's tail after the server's endpoint: the pool's regions. */
+size_t rdma_regions_size(uint32_t n);
+size_t rdma_regions_encode(const struct rdma_region *regions, uint32_t n, uint8_t *out);
+/* Fills regions from the answer's tail; returns the count or -1 when
+ * malformed (counts, lengths, overlaps, regions out of pool order). */
+int rdma_regions_decode(const uint8_t *in, size_t len, struct rdma_region *out, uint32_t max);
+
 
 #endif

@@ -192,7 +192,7 @@ static enum step reject(struct server_conn *c, int code, int keep, const char *f
 static enum step execute(struct server_conn *c)
 {
     /* Keys on disk only come back into the pool first, off this thread. */
-    if ((c->req.opcode == GK_OP_GET || c->req.opcode == GK_OP_LEASE) && server_disk_park(c)) {
+    if (gk_op(c->req.opcode)->reads && server_disk_park(c)) {
         c->state = CONN_WAIT_DISK;
         c->request_deadline_ns = 0;     /* all of it is in; stall_timeout_ms bounds the wait */
         return STEP_WAIT;
@@ -204,7 +204,7 @@ static enum step execute(struct server_conn *c)
     if (rc < 0)
         return STEP_CLOSE;
     c->frame_executed = 1;
-    c->state = c->req.opcode == GK_OP_PUT ? CONN_READ_PAYLOAD : CONN_WRITE;
+    c->state = gk_op(c->req.opcode)->payload_in ? CONN_READ_PAYLOAD : CONN_WRITE;
     if (c->state == CONN_WRITE)
         c->request_deadline_ns = 0;     /* all of it is in */
     return STEP_MORE;
@@ -301,7 +301,8 @@ static enum step on_body(struct server_conn *c)
         int rc = gk_parse_request_body(&c->req, c->body, &c->ns, c->batch.entries);
         if (rc)
             return reject(c, rc, 0, "malformed %s body", gk_op_name(c->req.opcode));
-        if (c->req.opcode == GK_OP_GET) {
+        /* The answer's values stay pinned until they are sent. */
+        if (gk_op(c->req.opcode)->payload_out) {
             uint64_t capacity = 0;
             for (uint32_t i = 0; i < c->req.count; i++)
                 capacity += GK_MIN(c->batch.entries[i].size, GK_MAX_GET_CAPACITY + 1);

@@ -11,7 +11,6 @@
 
 #include "common/common.h"
 #include "common/log.h"
-#include "rdma/rdma_qp.h"
 #include "server_rdma.h"
 #include "server_reply.h"
 #include "server_state.h"
@@ -21,6 +20,11 @@
 static struct store *store_of(struct server_conn *c)
 {
     return c->worker->server->store;
+}
+
+static int op_ping(struct server_conn *c)
+{
+    return server_reply_status(c, 0);
 }
 
 static int op_stats(struct server_conn *c)
@@ -95,69 +99,30 @@ static int op_hello(struct server_conn *c)
 {
     struct gdrkv_server *srv = c->worker->server;
     struct store *s = store_of(c);
-    int32_t status = 0;
-    uint64_t size = store_capacity(s);
 
     if (srv->shm_staging_bytes && !c->staging.base &&
         server_staging_open(&c->staging, srv->shm_staging_bytes) != 0)
         GK_WARN("fd %d: no staging memfd (%s): this client's PUTs go on the socket", c->fd,
                 strerror(errno));
-    c->pass_fds[0] = store_pool_fd(s);
-    c->pass_fds[1] = c->staging.fd;
-    int rc = server_reply_results(c, 1, &status, &size, 0);
     uint16_t staging_words = GK_HELLO_LEASE_WORD | GK_HELLO_STAGED_WORD;
-    if (rc == 0)
-        server_reply_flags(c, (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
-                                  (c->staging.base ? staging_words : 0));
-    return rc;
-}
-
-/* Bytes the chunk list of a leased object takes in the response. */
-static uint64_t lease_entry_len(const struct store_obj *o)
-{
-    uint32_t nchunks;
-    store_obj_chunks(o, &nchunks);
-    return GK_LEASE_OBJ_SIZE + (uint64_t)nchunks * GK_LEASE_CHUNK_SIZE;
+    uint16_t flags = (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
+                     (c->staging.base ? staging_words : 0);
+    return server_reply_hello(c, store_capacity(s), flags, store_pool_fd(s), c->staging.fd);
 }
 
 /* Answers LEASE and RESERVE: the results, then the chunk list of every
- * object held (pinned or reserved). Capacities are only bounded per key,
- * so many huge objects could need more chunk entries than a body may
- * hold: then everything is let go and the frame refused. */
+ * object held (pinned or reserved). Lists over the body limit let
+ * everything go and refuse the frame. */
 static int respond_chunk_lists(struct server_conn *c)
 {
     struct server_batch *b = &c->batch;
-    uint32_t n = c->req.count;
-    uint64_t body_len = (uint64_t)n * GK_RESULT_SIZE;
+    int rc = server_reply_chunk_lists(c, c->req.count, b->status, b->sizes, b->objs);
 
-    for (uint32_t i = 0; i < n; i++) {
-        if (b->objs[i])
-            body_len += lease_entry_len(b->objs[i]);
-    }
-    if (body_len > GK_MAX_BODY) {
-        server_ops_release(c);
-        static const char msg[] = "the objects' chunk lists exceed the body limit";
-        return server_reply_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
-    }
-    uint8_t *p = server_reply_start(c, 0, n, (uint32_t)body_len, 0);
-    if (!p)
-        return GDRKV_E_INTERNAL;
-    for (uint32_t i = 0; i < n; i++, p += GK_RESULT_SIZE)
-        gk_result_encode(p, b->status[i], b->sizes[i]);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t nchunks;
-        if (!b->objs[i])
-            continue;
-        const struct store_chunk *ch = store_obj_chunks(b->objs[i], &nchunks);
-        gk_store32(p, nchunks);
-        gk_store32(p + 4, 0);
-        p += GK_LEASE_OBJ_SIZE;
-        for (uint32_t k = 0; k < nchunks; k++, p += GK_LEASE_CHUNK_SIZE) {
-            gk_store64(p, ch[k].off);
-            gk_store64(p + 8, ch[k].len);
-        }
-    }
-    return 0;
+    if (rc != GDRKV_E_TOO_LARGE)
+        return rc;
+    server_ops_release(c);
+    static const char msg[] = "the objects' chunk lists exceed the body limit";
+    return server_reply_error(c, GDRKV_E_TOO_LARGE, msg, sizeof msg - 1);
 }
 
 /* A GET answered with where the objects are instead of their bytes: the
@@ -168,7 +133,7 @@ static int op_lease(struct server_conn *c)
 {
     uint64_t bytes = pin_for_read(c);
     int rc = respond_chunk_lists(c);
-    c->lease_bytes = bytes;
+    c->lease.bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_PINS) {
         /* The word tells a client whose copy is done: a lease of no bytes
          * has no copy (nor a RELEASE; the next frame ends it). */
@@ -187,9 +152,9 @@ static int op_lease(struct server_conn *c)
 static int op_release(struct server_conn *c)
 {
     int32_t status = c->holds == CONN_HOLDS_LEASE ? 0
-                     : c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+                     : c->hold_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
     server_ops_release(c);
-    c->lease_expired = 0;
+    c->hold_expired = 0;
     if (c->req.flags & GK_RELEASE_UNANSWERED) {
         server_reply_none(c);
         return 0;
@@ -367,7 +332,7 @@ static int op_reserve(struct server_conn *c)
         bytes += b->objs[i] ? b->sizes[i] : 0;
     }
     int rc = respond_chunk_lists(c);
-    c->lease_bytes = bytes;
+    c->reserved.bytes = bytes;
     if (rc == 0 && c->holds == CONN_HOLDS_RESERVATIONS) {
         struct server_counters *k = &c->worker->counters;
         gk_counter_add(c->rdma ? &k->rdma_reserved_bytes : &k->shm_reserved_bytes, bytes);
@@ -383,11 +348,11 @@ static int op_commit(struct server_conn *c)
     struct server_batch *b = &c->batch;
     uint32_t n = c->req.count;
 
-    if (c->holds != CONN_HOLDS_RESERVATIONS) {
+    if (c->holds != CONN_HOLDS_COMMIT) {
         /* Expired: the QPs are dead too, so this connection is done. */
         c->close_after_write = 1;
-        int32_t status = c->lease_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
-        c->lease_expired = 0;
+        int32_t status = c->hold_expired ? GDRKV_E_TIMEOUT : GDRKV_E_INVALID;
+        c->hold_expired = 0;
         return server_reply_status(c, status);
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -404,7 +369,6 @@ static int op_commit(struct server_conn *c)
     }
     store_commit_batch(s, b->objs, n);
     c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_commit = 0;
     for (uint32_t i = 0; i < n; i++)
         if (b->status[i] == STORE_PRESENT)
             b->status[i] = 0;
@@ -461,18 +425,10 @@ static int op_rdma_hello(struct server_conn *c)
 
     uint32_t nregions;
     const struct rdma_region *regions = server_rdma_regions(s, &nregions);
-    size_t body_len = rdma_endpoint_size(&mine) + 8 + (size_t)nregions * RDMA_REGION_WIRE_SIZE;
-    uint8_t *p = server_reply_start(c, 0, 0, (uint32_t)body_len, 0);
-    if (!p) {
+    if (server_reply_rdma_hello(c, &mine, regions, nregions)) {
         server_rdma_conn_destroy(c);
         return GDRKV_E_INTERNAL;
     }
-    p += rdma_endpoint_encode(&mine, p);
-    gk_store32(p, nregions);
-    gk_store32(p + 4, 0);
-    p += 8;
-    for (uint32_t i = 0; i < nregions; i++, p += RDMA_REGION_WIRE_SIZE)
-        rdma_region_encode(&regions[i], p);
     server_rdma_count_hello(s, 1);
     return 0;
 }
@@ -493,16 +449,12 @@ static int op_auth(struct server_conn *c)
     }
     if (c->auth == CONN_AUTH_NONE) {
         memcpy(c->client_nonce, c->body, GK_AUTH_NONCE_SIZE);
+        uint8_t proof[GK_AUTH_PROOF_SIZE];
         if (gk_auth_nonce(c->server_nonce))
             return GDRKV_E_INTERNAL;
-        uint8_t *p = server_reply_start(c, 0, 0, GK_AUTH_NONCE_SIZE + GK_AUTH_PROOF_SIZE, 0);
-        if (!p)
-            return GDRKV_E_INTERNAL;
-        memcpy(p, c->server_nonce, GK_AUTH_NONCE_SIZE);
-        gk_auth_proof(t, GK_AUTH_SERVER, c->client_nonce, c->server_nonce,
-                      p + GK_AUTH_NONCE_SIZE);
+        gk_auth_proof(t, GK_AUTH_SERVER, c->client_nonce, c->server_nonce, proof);
         c->auth = CONN_AUTH_CHALLENGED;
-        return 0;
+        return server_reply_auth_challenge(c, c->server_nonce, proof);
     }
     if (c->auth == CONN_AUTH_DONE) {
         static const char msg[] = "the connection is authenticated already";
@@ -520,99 +472,27 @@ static int op_auth(struct server_conn *c)
     return server_reply_status(c, 0);
 }
 
+/* ------------------------------------------------------------ dispatch */
+
+/* The dispatch table: op_<name> for every line of GK_OPS, so an op added
+ * there without a handler here does not build. */
+typedef int (*server_op_fn)(struct server_conn *c);
+
+static const server_op_fn handlers[GK_OP_MAX + 1] = {
+#define SERVER_OP_HANDLER(NAME, code, name, body, results, trans, in, out, after, reads, reach) \
+    [code] = op_##name,
+    GK_OPS(SERVER_OP_HANDLER)
+#undef SERVER_OP_HANDLER
+};
+
 int server_ops_execute(struct server_conn *c)
 {
-    c->worker->last_was_staged = c->req.opcode == GK_OP_PUT_STAGED;
-    switch (c->req.opcode) {
-    case GK_OP_PING: return server_reply_status(c, 0);
-    case GK_OP_STATS: return op_stats(c);
-    case GK_OP_EXISTS: return op_exists(c);
-    case GK_OP_GET: return op_get(c);
-    case GK_OP_PUT: return op_put(c);
-    case GK_OP_DELETE: return op_delete(c);
-    case GK_OP_CLEAR: return op_clear(c);
-    case GK_OP_HELLO: return op_hello(c);
-    case GK_OP_LEASE: return op_lease(c);
-    case GK_OP_RELEASE: return op_release(c);
-    case GK_OP_RDMA_HELLO: return op_rdma_hello(c);
-    case GK_OP_RESERVE: return op_reserve(c);
-    case GK_OP_COMMIT: return op_commit(c);
-    case GK_OP_AUTH: return op_auth(c);
-    case GK_OP_PUT_STAGED: return op_put_staged(c);
-    }
-    return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let no other opcode through */
-}
+    uint8_t op = c->req.opcode;
 
-void server_ops_frame_done(struct server_conn *c)
-{
-    /* The timeout, plus 1 ms per MiB held: a batch of tens of GiB moving at
-     * 1 GB/s or more is never cut off, a client that went away still is. */
-    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
-                        (c->lease_bytes >> 20) * 1000000ull;
-
-    if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
-        c->holds = CONN_HOLDS_LEASE;
-        c->lease_count = c->req.count;
-        c->lease_deadline_ns = deadline;
-        return;
-    }
-    /* RESERVE's reservations wait for the client's WRITEs and COMMIT. */
-    if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
-        c->lease_count = c->req.count;
-        c->lease_deadline_ns = deadline;
-        c->reserved_for_commit = 1;
-        return;
-    }
-    server_ops_release(c);
-}
-
-void server_ops_release(struct server_conn *c)
-{
-    struct server_batch *b = &c->batch;
-
-    if (c->holds == CONN_HOLDS_PINS || c->holds == CONN_HOLDS_LEASE)
-        server_staging_lease(&c->staging, 0);
-    if (c->holds == CONN_HOLDS_PINS)
-        store_unpin_batch(store_of(c), b->objs, c->req.count);
-    else if (c->holds == CONN_HOLDS_LEASE)
-        store_unpin_batch(store_of(c), b->objs, c->lease_count);
-    else if (c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit) {
-        /* The client may still be writing into them: stop its QPs first.
-         * Without them the connection is no rdma one any more: it ends
-         * after its next answer. */
-        server_rdma_conn_kill(c);
-        c->close_after_write = 1;
-        store_abort_batch(store_of(c), b->objs, c->lease_count);
-    } else if (c->holds == CONN_HOLDS_RESERVATIONS) {
-        store_abort_batch(store_of(c), b->objs, c->req.count);
-    }
-    c->holds = CONN_HOLDS_NOTHING;
-    c->reserved_for_commit = 0;
-}
-
-/* ------------------------------------------------------------ holds */
-
-int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
-{
-    const struct gk_hdr *h = &c->req;
-    int ends_lease = h->opcode == GK_OP_RELEASE && c->holds == CONN_HOLDS_LEASE;
-    int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_RESERVATIONS &&
-                  c->reserved_for_commit;
-
-    if (commits && h->count != c->lease_count) {
-        snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->lease_count);
-        return GDRKV_E_PROTOCOL;
-    }
-    if (ends_lease || commits)
-        return 0;
-    /* A RELEASE or COMMIT that finds nothing held answers whether its hold
-     * expired; any other frame starts afresh. */
-    int asks_expiry = (h->opcode == GK_OP_RELEASE || h->opcode == GK_OP_COMMIT) &&
-                      c->holds == CONN_HOLDS_NOTHING;
-    server_ops_release(c);
-    if (!asks_expiry)
-        c->lease_expired = 0;
-    return 0;
+    c->worker->last_was_staged = op == GK_OP_PUT_STAGED;
+    if (op == 0 || op > GK_OP_MAX)
+        return GDRKV_E_UNSUPPORTED;   /* gk_check_request_hdr let none through */
+    return handlers[op](c);
 }
 
 /* A local connection of a single-tenant server: it maps the pool writable. */
@@ -623,26 +503,107 @@ static int single_tenant_local(const struct server_conn *c)
 
 int server_ops_allowed(const struct server_conn *c, uint8_t op)
 {
-    switch (op) {
-    case GK_OP_HELLO: return c->local;
-    case GK_OP_LEASE:
-    case GK_OP_RELEASE: return c->local || server_rdma_conn_active(c);
-    case GK_OP_PUT_STAGED: return c->local;
-    /* RESERVE and COMMIT: rdma WRITEs, or copies into a writable pool. */
-    case GK_OP_RESERVE: return server_rdma_conn_active(c) || single_tenant_local(c);
-    case GK_OP_COMMIT: return c->rdma != NULL || single_tenant_local(c); /* killed QPs: COMMIT learns it */
-    default: return 1;
+    switch (gk_op(op)->reach) {
+    case GK_REACH_ANY: return 1;
+    case GK_REACH_LOCAL: return c->local;
+    case GK_REACH_READER: return c->local || server_rdma_conn_active(c);
+    case GK_REACH_WRITER: return server_rdma_conn_active(c) || single_tenant_local(c);
+    case GK_REACH_COMMITTER: return c->rdma != NULL || single_tenant_local(c);
     }
+    return 0;
+}
+
+/* ------------------------------------------------------------ holds */
+
+/* When a hold kept past its frame expires: the timeout, plus 1 ms per MiB
+ * held: a batch of tens of GiB moving at 1 GB/s or more is never cut off,
+ * a client that went away still is. */
+static uint64_t hold_deadline(const struct server_conn *c, uint64_t bytes)
+{
+    return gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+           (bytes >> 20) * 1000000ull;
+}
+
+void server_ops_frame_done(struct server_conn *c)
+{
+    if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
+        c->holds = CONN_HOLDS_LEASE;
+        c->lease.count = c->req.count;
+        c->lease.deadline_ns = hold_deadline(c, c->lease.bytes);
+        return;
+    }
+    /* RESERVE's reservations wait for the client's WRITEs and COMMIT. */
+    if (c->req.opcode == GK_OP_RESERVE && c->holds == CONN_HOLDS_RESERVATIONS) {
+        c->holds = CONN_HOLDS_COMMIT;
+        c->reserved.count = c->req.count;
+        c->reserved.deadline_ns = hold_deadline(c, c->reserved.bytes);
+        return;
+    }
+    server_ops_release(c);
+}
+
+void server_ops_release(struct server_conn *c)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+
+    switch (c->holds) {
+    case CONN_HOLDS_NOTHING:
+        break;
+    case CONN_HOLDS_PINS:
+        server_staging_lease(&c->staging, 0);
+        store_unpin_batch(s, b->objs, c->req.count);
+        break;
+    case CONN_HOLDS_LEASE:
+        server_staging_lease(&c->staging, 0);
+        store_unpin_batch(s, b->objs, c->lease.count);
+        break;
+    case CONN_HOLDS_RESERVATIONS:
+        store_abort_batch(s, b->objs, c->req.count);
+        break;
+    case CONN_HOLDS_COMMIT:
+        /* The client may still be writing into them: stop its QPs first.
+         * Without them the connection is no rdma one any more: it ends
+         * after its next answer. */
+        server_rdma_conn_kill(c);
+        c->close_after_write = 1;
+        store_abort_batch(s, b->objs, c->reserved.count);
+        break;
+    }
+    c->holds = CONN_HOLDS_NOTHING;
+}
+
+int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
+{
+    const struct gk_hdr *h = &c->req;
+    int ends_lease = h->opcode == GK_OP_RELEASE && c->holds == CONN_HOLDS_LEASE;
+    int commits = h->opcode == GK_OP_COMMIT && c->holds == CONN_HOLDS_COMMIT;
+
+    if (commits && h->count != c->reserved.count) {
+        snprintf(why, len, "commit of %u keys, %u reserved", h->count, c->reserved.count);
+        return GDRKV_E_PROTOCOL;
+    }
+    if (ends_lease || commits)
+        return 0;
+    /* A RELEASE or COMMIT that finds nothing held answers whether its hold
+     * expired; any other frame starts afresh. */
+    int asks_expiry = (h->opcode == GK_OP_RELEASE || h->opcode == GK_OP_COMMIT) &&
+                      c->holds == CONN_HOLDS_NOTHING;
+    server_ops_release(c);
+    if (!asks_expiry)
+        c->hold_expired = 0;
+    return 0;
 }
 
 void server_ops_expire(struct server_conn *c, uint64_t now_ns)
 {
-    int reserved = c->holds == CONN_HOLDS_RESERVATIONS && c->reserved_for_commit;
-    if ((c->holds != CONN_HOLDS_LEASE && !reserved) || now_ns < c->lease_deadline_ns)
+    int leased = c->holds == CONN_HOLDS_LEASE, reserved = c->holds == CONN_HOLDS_COMMIT;
+    if (!(leased && now_ns >= c->lease.deadline_ns) &&
+        !(reserved && now_ns >= c->reserved.deadline_ns))
         return;
     GK_DEBUG("fd %d: %s of %u keys expired", c->fd, reserved ? "reservation" : "lease",
-             c->lease_count);
+             reserved ? c->reserved.count : c->lease.count);
     server_ops_release(c);
-    c->lease_expired = 1;
+    c->hold_expired = 1;
     gk_counter_add(&c->worker->counters.shm_leases_expired, 1);
 }

@@ -18,9 +18,10 @@ struct server_conn;
  * frame contradicts its hold (a COMMIT of another count): the caller
  * refuses it and closes. */
 int server_ops_frame_begin(struct server_conn *c, char *why, size_t len);
-/* Whether this connection may run op at all. In-place ops need a peer
- * that can reach the pool: a local one that mapped it (shm), or one with
- * QPs (rdma). Others are skipped with UNSUPPORTED. */
+/* Whether this connection may run op at all: the op's reach (GK_OPS in
+ * common/protocol.h). In-place ops need a peer that can reach the pool: a
+ * local one that mapped it (shm), or one with QPs (rdma). Others are
+ * skipped with UNSUPPORTED. */
 int server_ops_allowed(const struct server_conn *c, uint8_t op);
 
 /* Runs the request parsed into c against the store and prepares the
@@ -30,9 +31,11 @@ int server_ops_execute(struct server_conn *c);
 /* PUT: the whole payload arrived; publish the objects and respond. */
 int server_ops_finish_put(struct server_conn *c);
 /* The response is written: a LEASE's pins become the connection's lease
- * (its clock starts now); whatever else the frame holds is dropped. */
+ * (CONN_HOLDS_LEASE), a RESERVE's reservations wait for COMMIT
+ * (CONN_HOLDS_COMMIT), their clocks starting now; whatever else the frame
+ * holds is dropped. */
 void server_ops_frame_done(struct server_conn *c);
-/* Drops the pins, reservations or lease c holds. */
+/* Drops whatever c holds (server_state.h's enum server_conn_hold). */
 void server_ops_release(struct server_conn *c);
 /* Drops a lease or reservation held past its deadline; the RELEASE or
  * COMMIT that comes for it later is answered TIMEOUT. */

@@ -201,13 +201,34 @@ enum server_conn_state {
     CONN_WRITE              /* response, then GET values from pinned chunks */
 };
 
-/* What the frame in progress holds in the store. Released when the frame
- * ends or the connection dies, whichever comes first. */
+/* What a connection holds in the store: one state per hold. The first two
+ * belong to the frame in progress and end with it (or with the
+ * connection); the last two outlive their frame until the frame that ends
+ * them, the hold timeout or the connection's end (server_ops.h). */
 enum server_conn_hold {
     CONN_HOLDS_NOTHING,
-    CONN_HOLDS_PINS,        /* GET objects being sent, or LEASE objects being described */
-    CONN_HOLDS_RESERVATIONS,/* PUT objects being received */
-    CONN_HOLDS_LEASE        /* LEASE objects the client copies from the pool */
+    CONN_HOLDS_PINS,        /* this frame's: GET values being sent, LEASE chunks described */
+    CONN_HOLDS_RESERVATIONS,/* this frame's: PUT values being received or copied from
+                               staging, RESERVE chunks described */
+    CONN_HOLDS_LEASE,       /* a LEASE's pins: the client copies or READs the objects
+                               out of the pool, until RELEASE (conn.lease) */
+    CONN_HOLDS_COMMIT       /* a RESERVE's reservations: the client copies or WRITEs
+                               the values into them, until COMMIT (conn.reserved) */
+};
+
+/* A LEASE's pins, held past the frame (CONN_HOLDS_LEASE). */
+struct server_lease {
+    uint32_t count;                 /* keys pinned (batch.objs) */
+    uint64_t bytes;                 /* their bytes: a big transfer gets longer */
+    uint64_t deadline_ns;
+};
+
+/* A RESERVE's reservations, held past the frame for COMMIT
+ * (CONN_HOLDS_COMMIT). */
+struct server_reservation {
+    uint32_t count;                 /* keys reserved (batch.objs); COMMIT must name as many */
+    uint64_t bytes;                 /* bytes of the objects reserved */
+    uint64_t deadline_ns;
 };
 
 /* Where a connection stands in the handshake (common/auth.h). */
@@ -234,7 +255,7 @@ struct server_conn {
     struct server_worker *worker;
     struct server_conn *prev, *next; /* the worker's list */
     enum server_conn_state state;
-    enum server_conn_hold holds;
+    enum server_conn_hold holds;    /* what the store keeps for this connection */
     uint32_t events;                /* epoll interest registered now */
     int local;                      /* on the unix socket: shm allowed */
     struct server_peer peer;        /* tcp: whose per-peer slot it holds */
@@ -267,11 +288,10 @@ struct server_conn {
     int pass_fds[2];                /* sent with the response's first byte, or -1 */
     struct server_staging staging;  /* local: PUT_STAGED values, after HELLO */
 
-    uint32_t lease_count;           /* keys of the lease or RESERVE (batch.objs) */
-    uint64_t lease_bytes;           /* their bytes: a big transfer gets longer */
-    uint64_t lease_deadline_ns;
-    int lease_expired;              /* dropped by the timeout; RELEASE/COMMIT say so */
-    int reserved_for_commit;        /* the reservations are a RESERVE's, awaiting COMMIT */
+    struct server_lease lease;      /* CONN_HOLDS_LEASE */
+    struct server_reservation reserved; /* CONN_HOLDS_COMMIT */
+    int hold_expired;               /* the last lease or reservation was dropped by the
+                                       timeout: the RELEASE or COMMIT for it says so */
     enum server_conn_auth auth;
     uint8_t client_nonce[GK_AUTH_NONCE_SIZE];  /* of the handshake in progress */
     uint8_t server_nonce[GK_AUTH_NONCE_SIZE];

@@ -1,6 +1,7 @@
 /*
- * fuzz_protocol.c - fuzz target for the frame parser (native/common/protocol.c),
- * the code that reads bytes straight off the network.
+ * fuzz_protocol.c - fuzz target for the frame parser and the RDMA_HELLO
+ * records (native/common/protocol.c), the code that reads bytes straight off
+ * the network.
  *
  * Built two ways: with clang -fsanitize=fuzzer it is a libFuzzer target
  * (LLVMFuzzerTestOneInput); otherwise (gcc, the test suite) a small driver
@@ -17,7 +18,6 @@
 #include "common/common.h"
 #include "gdrkv.h"
 #include "common/protocol.h"
-#include "rdma/rdma_qp.h"
 
 /* RDMA_HELLO bodies, both the client's endpoint (parsed by the server)
  * and the server's answer (endpoint + regions, parsed by the client). */
