@@ -1,8 +1,8 @@
 /*
- * server.c - the in-process server's lifecycle (gdrkv.h): options, the
- * store, the listening sockets (tcp, and unix for the shm transport),
- * worker threads plus one housekeeping thread
- * that runs the store's background eviction, and an orderly stop.
+ * server.c - the in-process server's lifecycle (gdrkv.h): the store, the
+ * listening sockets (tcp, and unix for the shm transport), worker threads
+ * plus one housekeeping thread that runs the store's background eviction,
+ * and an orderly stop. Its options are server_options.c's.
  *
  * Stopping is one eventfd that every thread polls: written once, never
  * read, it stays readable until every thread has seen it.
@@ -22,6 +22,7 @@
 #include "common/net.h"
 #include "server_disk.h"
 #include "server_metrics.h"
+#include "server_options.h"
 #include "server_peers.h"
 #include "server_rdma.h"
 #include "server_state.h"
@@ -43,97 +44,6 @@ static int copy_helpers(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return (int)GK_MIN(GK_MAX(cpus / 2 - 1, 0L), (long)SERVER_COPY_HELPERS);
-}
-
-/* busy_poll_us -1 (auto). On an H100 host (16 CPUs) a worker that slept
- * between the frames of a call, and between calls, answered them later:
- * polling 1 ms after each event took 4-5% off GPU GETs of 4096 x 4 KiB and
- * 6-7% off single-tenant GPU PUTs of 16 x 1 MiB (docs/benchmarks.md). On a
- * 2-core host the polling worker takes the client's core: CPU GETs of
- * 4096 x 4 KiB over shm went from 0.73 to 1.0-1.1 ms. */
-#define SERVER_BUSY_POLL_MANY_CPUS 8
-#define SERVER_BUSY_POLL_AUTO_US 1000
-#define SERVER_BUSY_POLL_MAX_US 1000000
-
-static uint64_t busy_poll_ns(int asked)
-{
-    if (asked < 0)
-        asked = sysconf(_SC_NPROCESSORS_ONLN) >= SERVER_BUSY_POLL_MANY_CPUS
-                    ? SERVER_BUSY_POLL_AUTO_US
-                    : 0;
-    return (uint64_t)asked * 1000u;
-}
-
-void gdrkv_server_opts_init(gdrkv_server_opts *opts)
-{
-    *opts = (gdrkv_server_opts){
-        .listen = "127.0.0.1:7480",
-        .memory_bytes = 1ull << 30,
-        .workers = 0,
-        .hugepages = -1,
-        .pretouch = 1,
-        .high_watermark = 0.95,
-        .low_watermark = 0.90,
-        .stall_timeout_ms = 30000,
-        .max_connections = 4096,
-        .max_connections_per_peer = 512,
-        .idle_timeout_ms = 300000,
-        .drain_timeout_ms = 5000,
-        .max_buffered_bytes = 256ull << 20,
-        .unix_path = NULL,
-        .lease_timeout_ms = 5000,
-        .rdma = -1,
-        .shm_staging_bytes = 64ull << 20,
-        .busy_poll_us = -1,
-    };
-}
-
-static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *err, size_t errlen)
-{
-    const char *bad = NULL;
-
-    if (!o->listen || gk_parse_addr(o->listen, 0, addr) < 0)
-        bad = "listen must be host:port";
-    else if (o->memory_bytes == 0)
-        bad = "memory_bytes must be > 0";
-    else if (o->workers < 0)
-        bad = "workers must be >= 0";
-    else if (o->hugepages < -1 || o->hugepages > 1)
-        bad = "hugepages must be -1, 0 or 1";
-    else if (!(o->low_watermark > 0 && o->low_watermark <= o->high_watermark &&
-               o->high_watermark <= 1))
-        bad = "watermarks need 0 < low <= high <= 1";
-    else if (o->stall_timeout_ms == 0)
-        bad = "stall_timeout_ms must be > 0";
-    else if (o->max_connections == 0)
-        bad = "max_connections must be > 0";
-    else if (o->max_connections_per_peer == 0)
-        bad = "max_connections_per_peer must be > 0";
-    else if (o->idle_timeout_ms == 0)
-        bad = "idle_timeout_ms must be > 0";
-    else if (o->max_buffered_bytes < GK_MAX_BODY)
-        bad = "max_buffered_bytes must be at least 8MiB (one largest request body)";
-    else if (o->lease_timeout_ms == 0)
-        bad = "lease_timeout_ms must be > 0";
-    else if (o->rdma < -1 || o->rdma > 1)
-        bad = "rdma must be -1, 0 or 1";
-    else if (o->shm_staging_bytes > GK_MAX_OBJECT * 4ull)
-        bad = "shm_staging_bytes must be at most 4GiB";
-    else if (o->single_tenant < 0 || o->single_tenant > 1)
-        bad = "single_tenant must be 0 or 1";
-    else if (o->busy_poll_us < -1 || o->busy_poll_us > SERVER_BUSY_POLL_MAX_US)
-        bad = "busy_poll_us must be -1 (auto) or 0 to 1000000";
-    else if (o->reset_pool_file && !(o->pool_file && *o->pool_file))
-        bad = "reset_pool_file needs a pool_file";
-    else if ((o->disk && *o->disk) != (o->disk_size > 0))
-        bad = "disk and disk_size go together";
-    else if (o->reset_disk && !(o->disk && *o->disk))
-        bad = "reset_disk needs a disk";
-    else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
-        bad = "unix_path is too long for a unix socket";
-    if (bad)
-        snprintf(err, errlen, "%s", bad);
-    return bad ? GDRKV_E_INVALID : 0;
 }
 
 static int worker_count(int asked)
@@ -265,7 +175,7 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         snprintf(err, errlen, "opts and out are required");
         return GDRKV_E_INVALID;
     }
-    rc = check_opts(opts, &addr, err, errlen);
+    rc = server_options_check(opts, &addr, err, errlen);
     if (rc)
         return rc;
     s = calloc(1, sizeof *s);
@@ -283,7 +193,7 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
     s->lease_timeout_ms = opts->lease_timeout_ms;
     s->shm_staging_bytes = opts->shm_staging_bytes;
     s->single_tenant = opts->single_tenant;
-    s->busy_poll_ns = busy_poll_ns(opts->busy_poll_us);
+    s->busy_poll_ns = server_busy_poll_ns(opts->busy_poll_us);
     s->max_connections = opts->max_connections;
     s->idle_timeout_ms = opts->idle_timeout_ms;
     s->drain_timeout_ms = opts->drain_timeout_ms;
