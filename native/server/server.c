@@ -171,7 +171,7 @@ static void server_free(struct gdrkv_server *s)
 typedef int server_stage(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
                          size_t errlen);
 
-/* The server's struct with the settings the workers read, and the stop
+/* The server's struct with the options the workers read, and the stop
  * eventfd every later thread polls. */
 static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err, size_t errlen)
 {
@@ -194,15 +194,8 @@ static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err,
         server_free(s);
         return NULL;
     }
-    s->stall_timeout_ms = opts->stall_timeout_ms;
-    s->lease_timeout_ms = opts->lease_timeout_ms;
-    s->shm_staging_bytes = opts->shm_staging_bytes;
-    s->single_tenant = opts->single_tenant;
+    server_options_keep(&s->opts, opts);
     s->busy_poll_ns = server_busy_poll_ns(opts->busy_poll_us);
-    s->max_connections = opts->max_connections;
-    s->idle_timeout_ms = opts->idle_timeout_ms;
-    s->drain_timeout_ms = opts->drain_timeout_ms;
-    s->max_buffered_bytes = opts->max_buffered_bytes;
     s->started_ns = gk_now_ns();
     return s;
 }

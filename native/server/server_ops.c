@@ -80,7 +80,7 @@ static int op_get(struct server_conn *c)
      * connection instead of keeping writers out of the pool. */
     if (payload_len)
         c->answer_deadline_ns = gk_now_ns() +
-                                (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+                                (uint64_t)c->worker->server->opts.lease_timeout_ms * 1000000ull +
                                 (payload_len >> 20) * CONN_ANSWER_NS_PER_MIB;
     return server_reply_results(c, n, b->status, b->sizes, payload_len);
 }
@@ -98,8 +98,8 @@ static int op_hello(struct server_conn *c)
     int32_t status = 0;
     uint64_t size = store_capacity(s);
 
-    if (srv->shm_staging_bytes && !c->staging.base &&
-        server_staging_open(&c->staging, srv->shm_staging_bytes) != 0)
+    if (srv->opts.shm_staging_bytes && !c->staging.base &&
+        server_staging_open(&c->staging, srv->opts.shm_staging_bytes) != 0)
         GK_WARN("fd %d: no staging memfd (%s): this client's PUTs go on the socket", c->fd,
                 strerror(errno));
     c->pass_fds[0] = store_pool_fd(s);
@@ -107,7 +107,7 @@ static int op_hello(struct server_conn *c)
     int rc = server_reply_results(c, 1, &status, &size, 0);
     uint16_t staging_words = GK_HELLO_LEASE_WORD | GK_HELLO_STAGED_WORD;
     if (rc == 0)
-        server_reply_flags(c, (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
+        server_reply_flags(c, (srv->opts.single_tenant ? GK_HELLO_WRITABLE : 0) |
                                   (c->staging.base ? staging_words : 0));
     return rc;
 }
@@ -547,7 +547,7 @@ void server_ops_frame_done(struct server_conn *c)
 {
     /* The timeout, plus 1 ms per MiB held: a batch of tens of GiB moving at
      * 1 GB/s or more is never cut off, a client that went away still is. */
-    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+    uint64_t deadline = gk_now_ns() + (uint64_t)c->worker->server->opts.lease_timeout_ms * 1000000ull +
                         (c->lease_bytes >> 20) * 1000000ull;
 
     if (c->req.opcode == GK_OP_LEASE && c->holds == CONN_HOLDS_PINS) {
@@ -618,7 +618,7 @@ int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)
 /* A local connection of a single-tenant server: it maps the pool writable. */
 static int single_tenant_local(const struct server_conn *c)
 {
-    return c->local && c->worker->server->single_tenant;
+    return c->local && c->worker->server->opts.single_tenant;
 }
 
 int server_ops_allowed(const struct server_conn *c, uint8_t op)

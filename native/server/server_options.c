@@ -150,6 +150,16 @@ void gdrkv_server_opts_init(gdrkv_server_opts *opts)
         set_default(opts, &options[i]);
 }
 
+void server_options_keep(gdrkv_server_opts *kept, const gdrkv_server_opts *given)
+{
+    static const char *const none = NULL;
+
+    *kept = *given;
+    for (size_t i = 0; i < GK_ARRAY_LEN(options); i++)
+        if (!strcmp(options[i].about.kind, "text"))
+            memcpy((char *)kept + options[i].offset, &none, sizeof none);
+}
+
 /* busy_poll_us -1 (auto). On an H100 host (16 CPUs) a worker that slept
  * between the frames of a call, and between calls, answered them later:
  * polling 1 ms after each event took 4-5% off GPU GETs of 4096 x 4 KiB and

@@ -19,6 +19,9 @@ struct gk_addr;
  * listen; else GDRKV_E_INVALID with the first fault, named, in err. */
 int server_options_check(const gdrkv_server_opts *o, struct gk_addr *listen, char *err,
                          size_t errlen);
+/* given, without its strings (which stay the caller's), into kept: the
+ * options a running server reads. */
+void server_options_keep(gdrkv_server_opts *kept, const gdrkv_server_opts *given);
 /* How long a worker polls after an event: busy_poll_us, its auto (-1)
  * resolved for this host, in nanoseconds. */
 uint64_t server_busy_poll_ns(int busy_poll_us);
