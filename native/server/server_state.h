@@ -4,7 +4,10 @@
  * a client connection with what its frame holds in the store.
  *
  * The wing, top to bottom (a file calls only files below it):
- *   server.c          lifecycle: options, listening sockets, threads, stop
+ *   server.c          lifecycle, stage by stage: store, listening sockets,
+ *                     threads; and the stop
+ *   server_options.c  the options table: defaults, what the bindings make
+ *                     keywords, flags and TOML keys of, the one check
  *   server_worker.c   one epoll loop per thread: accept, dispatch, ticks
  *   server_conn.c     a connection's bytes and frames: the non-blocking
  *                     read/execute/write state machine
