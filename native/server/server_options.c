@@ -160,12 +160,9 @@ void server_options_keep(gdrkv_server_opts *kept, const gdrkv_server_opts *given
             memcpy((char *)kept + options[i].offset, &none, sizeof none);
 }
 
-/* busy_poll_us -1 (auto). On an H100 host (16 CPUs) a worker that slept
- * between the frames of a call, and between calls, answered them later:
- * polling 1 ms after each event took 4-5% off GPU GETs of 4096 x 4 KiB and
- * 6-7% off single-tenant GPU PUTs of 16 x 1 MiB (docs/benchmarks.md). On a
- * 2-core host the polling worker takes the client's core: CPU GETs of
- * 4096 x 4 KiB over shm went from 0.73 to 1.0-1.1 ms. */
+/* busy_poll_us -1 (auto): a worker that sleeps between the frames of a
+ * call answers them later, but on a host of few CPUs the polling worker
+ * takes the client's core (docs/operations.md, "Busy polling"). */
 #define BUSY_POLL_MANY_CPUS 8
 #define BUSY_POLL_AUTO_US 1000
 #define BUSY_POLL_MAX_US 1000000
