@@ -1,12 +1,17 @@
 """`gdrkv serve --config FILE` (#19): every flag under its long name in a
 TOML file, flags winning over it, unknown keys and wrong kinds refused by
 name; the example in configs/server loads; a server runs from a file."""
+import argparse
 import os
 import re
 import tomllib
 import urllib.request
 
 import pytest
+import gdrkv
+from gdrkv import cli, config
+from gdrkv._native import ffi
+from gdrkv.server import OPTIONS
 
 from conftest import run_gdrkv
 
@@ -20,6 +25,8 @@ EVERY = {
     "busy_poll_us": 250,
     "hugepages": "off",
     "pretouch": False,
+    "high_watermark": 0.8,
+    "low_watermark": 0.7,
     "stall_timeout_ms": 1234,
     "max_connections": 99,
     "max_connections_per_peer": 7,
@@ -98,3 +105,38 @@ def test_a_server_runs_from_its_file(server_factory, tmp_path):
     address = re.search(rb"metrics on http://(\S+?)/metrics", server.stdout()).group(1).decode()
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
         assert b"gdrkv_store_pool_bytes 33554432" in answer.read()
+
+
+def test_one_options_table_drives_every_door():
+    """The C table (server_options.c) names every field of gdrkv_server_opts
+    once, and each entry is a Server keyword, a `serve` flag and a TOML key,
+    with help: a new option is its field and its table line."""
+    fields = {name for name, _ in ffi.typeof("gdrkv_server_opts").fields}
+    assert sorted(option.field for option in OPTIONS.values()) == sorted(fields)
+    assert set(EVERY) == set(OPTIONS)
+    parser = argparse.ArgumentParser()
+    cli._add_option_flags(parser)
+    flags = {a.dest: a.option_strings for a in parser._actions if a.option_strings}
+    for name, option in OPTIONS.items():
+        dashed = name.replace("_", "-")
+        assert flags[name] == [f"--no-{dashed}" if option.default is True else f"--{dashed}"]
+        assert option.help and name in gdrkv.Server.__doc__, name
+    assert set(config.settings(parser)) == set(OPTIONS)
+    with pytest.raises(TypeError, match="colour"):
+        gdrkv.Server(colour="red")
+
+
+def test_defaults_come_from_c():
+    """Python writes no default of its own: --print-config and --help show
+    the C table's, and a Server keyword left at None keeps it."""
+    assert OPTIONS["stall_timeout_ms"].default == 30000
+    assert OPTIONS["max_buffered"].default == "256MiB"
+    assert OPTIONS["busy_poll_us"].default == "auto" and OPTIONS["rdma"].default == "auto"
+    assert OPTIONS["unix_path"].default is None and OPTIONS["disk_size"].default is None
+    got = printed()
+    assert got["stall_timeout_ms"] == 30000 and got["listen"] == "127.0.0.1:7480"
+    assert got["pretouch"] is True and got["shm_staging"] == "64MiB"
+    helped = run_gdrkv("serve", "--help")
+    assert "(default 30000)" in " ".join(helped.stdout.split()), helped.stdout
+    with gdrkv.Server(memory="16MiB", pretouch=None, stall_timeout_ms=None) as server:
+        assert server.stats()["pool_bytes"] == 16 << 20

@@ -427,9 +427,11 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
     }
 #define OWN_TEXT(field) gk_text_u64(&t, #field, gk_counter_get(&k->field));
 #define FROM_TEXT(field, value) gk_text_u64(&t, #field, (value));
-    CLIENT_COUNTERS(OWN_TEXT, FROM_TEXT)
+#define RDMA_TEXT(field, help) gk_text_u64(&t, "rdma_" #field, gk_counter_get(&c->rdma->field));
+    CLIENT_COUNTERS(OWN_TEXT, OWN_TEXT, FROM_TEXT, RDMA_TEXT)
 #undef OWN_TEXT
 #undef FROM_TEXT
+#undef RDMA_TEXT
     gk_text_u64(&t, "servers", c->nservers);
     gk_text_u64(&t, "servers_down", servers_down(c));
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {

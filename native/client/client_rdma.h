@@ -39,20 +39,6 @@ enum client_rdma_flush {
     CLIENT_RDMA_FLUSH_NEVER
 };
 
-/* The rdma transport's counters, X(name, what it counts), printed by
- * gdrkv_client_stats as rdma_<name>. */
-#define CLIENT_RDMA_COUNTERS(X)                                                   \
-    X(read_frames, "GET frames moved by RDMA READs")                              \
-    X(write_frames, "PUT frames moved by RDMA WRITEs")                            \
-    X(work_requests, "work requests posted")                                      \
-    X(doorbells, "ibv_post_send calls")                                           \
-    X(completions, "completions polled")                                          \
-    X(bytes, "bytes moved by READs and WRITEs")                                   \
-    X(fallback_frames, "frames sent over the socket: segments not registered")    \
-    X(flush_reads, "flush READs before a GET into GPU memory returned")           \
-    X(gpu_mrs, "GPU memory registrations")                                        \
-    X(gpu_mrs_dmabuf, "of gpu_mrs, through dma-buf")
-
 struct client_rdma {
     pthread_mutex_t lock;
     int state;                      /* 0 not tried, 1 open, -1 unavailable (why) */
@@ -63,7 +49,7 @@ struct client_rdma {
     uint32_t qps_per_conn;          /* GDRKV_IB_QPS, default 4 */
     uint32_t sq_depth;              /* GDRKV_IB_SQ_DEPTH, default 512 */
     enum client_rdma_flush flush_mode;  /* GDRKV_IB_FLUSH: auto, always, never */
-    /* Counters, relaxed atomics. */
+    /* Counters (CLIENT_RDMA_COUNTERS, client_state.h), relaxed atomics. */
 #define CLIENT_RDMA_COUNTER_FIELD(name, help) uint64_t name;
     CLIENT_RDMA_COUNTERS(CLIENT_RDMA_COUNTER_FIELD)
 #undef CLIENT_RDMA_COUNTER_FIELD

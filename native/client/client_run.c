@@ -301,11 +301,8 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     if (call->batch.gpu)
         finish_gpu(c, call);
     for_each_server(c, call, check_in);
-    gk_counter_add(&c->counters.bytes_sent, call->batch.bytes_sent);
-    gk_counter_add(&c->counters.bytes_received, call->batch.bytes_received);
-    gk_counter_add(&c->counters.shm_bytes_copied, call->batch.shm_bytes_copied);
-    gk_counter_add(&c->counters.shm_bytes_staged, call->batch.shm_bytes_staged);
-    gk_counter_add(&c->counters.shm_leases_expired, call->batch.shm_leases_expired);
-    gk_counter_add(&c->counters.shm_leases_seen_held, call->batch.shm_leases_seen_held);
-    gk_counter_add(&c->counters.shm_staged_sent_again, call->batch.shm_staged_sent_again);
+#define ADD_CALL_COUNTER(name) gk_counter_add(&c->counters.name, call->batch.name);
+    CLIENT_COUNTERS(CLIENT_COUNTER_NONE, ADD_CALL_COUNTER, CLIENT_COUNTER_NONE2,
+                    CLIENT_COUNTER_NONE2)
+#undef ADD_CALL_COUNTER
 }

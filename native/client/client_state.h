@@ -40,15 +40,32 @@ struct gpu_call;
 
 /* ------------------------------------------------------------ the client */
 
+/* The rdma transport's counters, X(name, what it counts), kept in struct
+ * client_rdma (client_rdma.h) and printed by gdrkv_client_stats as
+ * rdma_<name>. */
+#define CLIENT_RDMA_COUNTERS(X)                                                   \
+    X(read_frames, "GET frames moved by RDMA READs")                              \
+    X(write_frames, "PUT frames moved by RDMA WRITEs")                            \
+    X(work_requests, "work requests posted")                                      \
+    X(doorbells, "ibv_post_send calls")                                           \
+    X(completions, "completions polled")                                          \
+    X(bytes, "bytes moved by READs and WRITEs")                                   \
+    X(fallback_frames, "frames sent over the socket: segments not registered")    \
+    X(flush_reads, "flush READs before a GET into GPU memory returned")           \
+    X(gpu_mrs, "GPU memory registrations")                                        \
+    X(gpu_mrs_dmabuf, "of gpu_mrs, through dma-buf")
+
 /* The client's counters, one line each, in the order gdrkv_client_stats
  * prints them (after calls_OP and keys_OP, before servers and the
- * latencies). OWN(name) is a counter of struct client_counters; FROM(name,
- * value) is read where it lives when the text is made: value is an
- * expression of c, the client (the rdma transport keeps its own counters
- * in struct client_rdma). A new counter is one line here. */
-#define CLIENT_COUNTERS(OWN, FROM)                                                              \
-    OWN(bytes_sent)                                                                             \
-    OWN(bytes_received)                                                                         \
+ * latencies). OWN(name) is a counter of struct client_counters; CALL(name)
+ * one too, which a call counts in its struct client_batch as it runs and
+ * adds once at its end (client_run.c); FROM(name, value) is read where it
+ * lives when the text is made: value is an expression of c, the client;
+ * RDMA(name, help) are the rdma transport's (CLIENT_RDMA_COUNTERS). A new
+ * counter is one line here. */
+#define CLIENT_COUNTERS(OWN, CALL, FROM, RDMA)                                                  \
+    CALL(bytes_sent)                                                                            \
+    CALL(bytes_received)                                                                        \
     OWN(errors_timeout)             /* keys (or keyless frames) failed by each error */         \
     OWN(errors_unavailable)                                                                     \
     OWN(errors_protocol)                                                                        \
@@ -57,35 +74,28 @@ struct gpu_call;
     OWN(connect_failures)                                                                       \
     OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
     OWN(shm_connects)               /* of connects, over a unix socket with the pool mapped */  \
-    OWN(shm_bytes_copied)           /* GET bytes copied out of a mapped pool */                 \
-    OWN(shm_bytes_staged)           /* PUT bytes copied into staging or the pool */             \
-    OWN(shm_leases_expired)         /* LEASE frames whose keys failed: lease lost */            \
-    OWN(shm_leases_seen_held)       /* LEASE frames whose RELEASE went unanswered */            \
-    OWN(shm_staged_sent_again)      /* followed PUT_STAGED frames the server sent back */       \
+    CALL(shm_bytes_copied)          /* GET bytes copied out of a mapped pool */                 \
+    CALL(shm_bytes_staged)          /* PUT bytes copied into staging or the pool */             \
+    CALL(shm_leases_expired)        /* LEASE frames whose keys failed: lease lost */            \
+    CALL(shm_leases_seen_held)      /* LEASE frames whose RELEASE went unanswered */            \
+    CALL(shm_staged_sent_again)     /* followed PUT_STAGED frames the server sent back */       \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
-    FROM(rdma_read_frames, gk_counter_get(&c->rdma->read_frames))                               \
-    FROM(rdma_write_frames, gk_counter_get(&c->rdma->write_frames))                             \
-    FROM(rdma_work_requests, gk_counter_get(&c->rdma->work_requests))                           \
-    FROM(rdma_doorbells, gk_counter_get(&c->rdma->doorbells))                                   \
-    FROM(rdma_completions, gk_counter_get(&c->rdma->completions))                               \
-    FROM(rdma_bytes, gk_counter_get(&c->rdma->bytes))                                           \
-    FROM(rdma_fallback_frames, gk_counter_get(&c->rdma->fallback_frames))                       \
-    FROM(rdma_flush_reads, gk_counter_get(&c->rdma->flush_reads))                               \
-    FROM(rdma_gpu_mrs, gk_counter_get(&c->rdma->gpu_mrs))                                       \
-    FROM(rdma_gpu_mrs_dmabuf, gk_counter_get(&c->rdma->gpu_mrs_dmabuf))                         \
+    CLIENT_RDMA_COUNTERS(RDMA)                                                                  \
     OWN(gpu_bytes)                  /* bytes moved to or from GPU memory (client_gpu.c) */      \
     OWN(gpu_kernel_launches)                                                                    \
     OWN(gpu_copy_engine_calls)
 
 #define CLIENT_COUNTER_FIELD(name) uint64_t name;
-#define CLIENT_COUNTER_NONE(name, value)
+#define CLIENT_COUNTER_NONE(name)
+#define CLIENT_COUNTER_NONE2(name, value)
 
 /* Updated with relaxed atomics from any calling thread. */
 struct client_counters {
     uint64_t calls[GK_OP_MAX + 1];
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
-    CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE)
+    CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE2,
+                    CLIENT_COUNTER_NONE2)
 };
 
 /* A client is shared by many threads: everything but the counters is set
@@ -206,14 +216,10 @@ struct client_batch {
     /* GPU segments of the call (client_gpu.h), or NULL when there are none. */
     struct gpu_call *gpu;
 
-    /* Traffic of the call, added to the client's counters once at the end. */
-    uint64_t bytes_sent;
-    uint64_t bytes_received;
-    uint64_t shm_bytes_copied;
-    uint64_t shm_bytes_staged;
-    uint64_t shm_leases_expired;
-    uint64_t shm_leases_seen_held;
-    uint64_t shm_staged_sent_again;
+    /* Traffic of the call, added to the client's counters once at the end:
+     * the CALL counters of CLIENT_COUNTERS. */
+    CLIENT_COUNTERS(CLIENT_COUNTER_NONE, CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE2,
+                    CLIENT_COUNTER_NONE2)
     uint32_t follows_in_flight;     /* followed frames sent, not yet answered */
     uint32_t frames_unstarted;      /* frames of the call not begun yet */
 };

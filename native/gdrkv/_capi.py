@@ -12,15 +12,17 @@ _LAST_BUFFER = 16 << 20
 
 def set_int_field(struct, field, value, option, minimum=0):
     """struct.field = value, or ValueError naming the option when value is not
-    an integer in [minimum, the field's maximum]."""
+    an integer in [minimum, the field's maximum]; minimum None leaves the
+    bounds to the field's C type (and the C side's check)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{option} must be an integer, not {value!r}")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{option} must be at least {minimum}, not {value}")
     try:
         setattr(struct, field, value)
     except OverflowError:
-        raise ValueError(f"{option} is too large: {value}") from None
+        how = "too large" if value > 0 else "out of range"
+        raise ValueError(f"{option} is {how}: {value}") from None
 
 
 def start_error(code, err):

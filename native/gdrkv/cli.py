@@ -9,11 +9,10 @@ from .bench import command as bench
 from .doctor import nic as stat_nic, report as doctor
 from .client import Client
 from .errors import GdrkvError
-from .server import Server
+from .server import OPTIONS, Server
 from .sizes import format_size, parse_size, physical_memory
 from .table import format_table
 
-DEFAULT_LISTEN = "127.0.0.1:7480"
 DEFAULT_MEMORY_SHARE = 0.25
 DEFAULT_MEMORY_CAP = 64 << 30
 
@@ -23,83 +22,7 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run a store server until SIGTERM/SIGINT")
-    serve.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
-                       help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks one)")
-    serve.add_argument("--memory", type=_pool_size, default=_default_pool_size(),
-                       metavar="SIZE|PCT%",
-                       help="pool size, e.g. 16GiB or 25%% of RAM "
-                            "(default 25%% of RAM, at most 64GiB)")
-    serve.add_argument("--workers", type=int, default=0,
-                       help="network threads (default 0: one per CPU, at most 16)")
-    serve.add_argument("--busy-poll-us", type=_busy_poll, default="auto", metavar="US|auto",
-                       help="after serving a frame, a network thread polls this long before "
-                            "it sleeps, so a busy client's next frame finds it awake: less "
-                            "latency for some CPU (default auto: 1000 on hosts of 8 CPUs or "
-                            "more, else 0, off)")
-    serve.add_argument("--hugepages", choices=("auto", "on", "off"), default="auto")
-    serve.add_argument("--no-pretouch", dest="pretouch", action="store_false",
-                       help="do not fault the pool in at start (faster start, slower first writes)")
-    serve.add_argument("--stall-timeout-ms", type=int, default=30000,
-                       help="close connections stalled mid-frame this long (default 30000)")
-    serve.add_argument("--max-connections", type=int, default=4096,
-                       help="tcp connections at a time; local (unix) ones have as many apart "
-                            "(default 4096)")
-    serve.add_argument("--max-connections-per-peer", type=int, default=512,
-                       help="tcp connections from one IP address (default 512)")
-    serve.add_argument("--idle-timeout-ms", type=int, default=300000,
-                       help="close connections without a frame for this long; clients "
-                            "reconnect (default 300000)")
-    serve.add_argument("--max-buffered", default="256MiB", metavar="SIZE",
-                       help="request bodies buffered over all connections; bigger ones wait "
-                            "(default 256MiB)")
-    serve.add_argument("--unix-path", metavar="PATH",
-                       help="unix socket for local clients (the shm transport); default "
-                            "/tmp/gdrkv-<uid>/<port>.sock, or $GDRKV_RUNTIME_DIR/<port>.sock; "
-                            "'' turns shm off")
-    serve.add_argument("--lease-timeout-ms", type=int, default=5000,
-                       help="longest an shm or rdma client may hold the objects it reads "
-                            "or the room it writes into (default 5000)")
-    serve.add_argument("--shm-staging", default="64MiB", metavar="SIZE",
-                       help="staging memfd of each local connection: shm PUT values go there "
-                            "and the server copies them into the pool (default 64MiB; "
-                            "0 sends them on the socket)")
-    serve.add_argument("--single-tenant", action="store_true",
-                       help="local clients map the pool writable and copy PUT values straight "
-                            "into their reservations: faster writes, but any local client of "
-                            "this user can then overwrite any object")
-    serve.add_argument("--pool-file", metavar="PATH",
-                       help="keep the pool in PATH (on tmpfs such as /dev/shm, or hugetlbfs) "
-                            "and, when PATH holds the pool of an earlier server of the same "
-                            "--memory, serve its objects again: the cache survives a restart, "
-                            "a crash or kill -9 (not a reboot)")
-    serve.add_argument("--reset-pool-file", action="store_true",
-                       help="start the --pool-file empty whatever it holds (another size, "
-                            "another version, damaged)")
-    serve.add_argument("--disk", metavar="PATH[,PATH...]",
-                       help="a disk tier under the pool: objects the pool evicts go to a file "
-                            "in each directory (a local SSD) instead of being dropped, and "
-                            "come back when read; the next server finds them again")
-    serve.add_argument("--disk-size", type=parse_size, metavar="SIZE",
-                       help="size of the disk tier's file in each --disk directory, e.g. "
-                            "500GiB")
-    serve.add_argument("--reset-disk", action="store_true",
-                       help="start the --disk files empty whatever they hold")
-    serve.add_argument("--rdma", choices=("auto", "on", "off"), default="auto",
-                       help="serve rdma clients: auto when a device is there (default), on "
-                            "to require one")
-    serve.add_argument("--auth-token-file", metavar="PATH",
-                       help="serve only clients holding the secret in PATH (mode 600; clients "
-                            "give token_file= or GDRKV_TOKEN_FILE); required to listen on an "
-                            "address other hosts can reach")
-    serve.add_argument("--insecure-no-auth", action="store_true",
-                       help="listen on an address other hosts can reach without a token: "
-                            "anyone reaching it can read, overwrite and clear the cache")
-    serve.add_argument("--drain-timeout-ms", type=int, default=5000,
-                       help="on SIGTERM, let frames in flight finish this long, accepting "
-                            "nothing new (default 5000)")
-    serve.add_argument("--metrics-listen", metavar="HOST:PORT",
-                       help="serve the counters in the Prometheus text format at "
-                            "http://HOST:PORT/metrics")
+    _add_option_flags(serve)
     serve.add_argument("--config", metavar="FILE",
                        help="a TOML file of these settings under their long names "
                             "(listen = \"...\", memory = \"16GiB\", ...); flags win over it")
@@ -143,22 +66,7 @@ def _serve(args):
     # Blocked before the server's C threads exist, so they inherit the mask
     # and the signals wait for sigwait() below instead of interrupting them.
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
-    with Server(listen=args.listen, memory=args.memory, workers=args.workers,
-                busy_poll_us=args.busy_poll_us,
-                hugepages=args.hugepages, pretouch=args.pretouch,
-                stall_timeout_ms=args.stall_timeout_ms,
-                max_connections=args.max_connections,
-                max_connections_per_peer=args.max_connections_per_peer,
-                idle_timeout_ms=args.idle_timeout_ms, max_buffered=args.max_buffered,
-                drain_timeout_ms=args.drain_timeout_ms,
-                unix_path=args.unix_path,
-                lease_timeout_ms=args.lease_timeout_ms, rdma=args.rdma,
-                shm_staging=args.shm_staging, single_tenant=args.single_tenant,
-                pool_file=args.pool_file, reset_pool_file=args.reset_pool_file,
-                disk=args.disk, disk_size=args.disk_size, reset_disk=args.reset_disk,
-                auth_token_file=args.auth_token_file,
-                insecure_no_auth=args.insecure_no_auth,
-                metrics_listen=args.metrics_listen) as server:
+    with Server(**{name: getattr(args, name) for name in OPTIONS}) as server:
         rdma = ", rdma" if server.stats().get("rdma_enabled") else ""
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
         shm += f", metrics on http://{server.metrics_address}/metrics" \
@@ -216,15 +124,71 @@ def _pool_size(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _busy_poll(text):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of microseconds or auto, "
-                                         f"not {text!r}") from None
-
-
 def _default_pool_size():
     return min(int(physical_memory() * DEFAULT_MEMORY_SHARE), DEFAULT_MEMORY_CAP)
+
+
+# Where `gdrkv serve` differs from gdrkv.Server: its pool is a share of RAM.
+_SERVE_OVERRIDES = {
+    "memory": dict(type=_pool_size, metavar="SIZE|PCT%",
+                   help="pool size, e.g. 16GiB or 25% of RAM (default 25% of RAM, at most 64GiB)"),
+}
+_UNITS = {"us": "microseconds", "ms": "milliseconds"}
+
+
+def _add_option_flags(serve):
+    """A flag for every server option (OPTIONS, from the C table): --name
+    with dashes, or --no-name for a flag on by default. Each defaults to
+    None, which leaves the C default; --print-config shows it."""
+    for option in OPTIONS.values():
+        flag = "--" + option.name.replace("_", "-")
+        shown = option.default is not None and not isinstance(option.default, bool)
+        extra = f" (default {option.default})" if shown else ""
+        settings = dict(dest=option.name, default=None, help=option.help + extra)
+        if option.kind == "flag":
+            if option.default:
+                flag = "--no-" + flag[2:]
+                settings.update(action="store_false",
+                                help=f"{option.help}: on by default, this turns it off")
+            else:
+                settings.update(action="store_true")
+        elif option.kind == "mode":
+            settings.update(choices=("auto", "on", "off"))
+        elif option.kind == "int":
+            settings.update(type=int)
+        elif option.kind == "ratio":
+            settings.update(type=float)
+        elif option.kind == "size":
+            settings.update(type=_size, metavar="SIZE")
+        elif option.kind == "int_or_auto":
+            unit = option.name.rpartition("_")[2]
+            settings.update(type=_number_or_auto(_UNITS.get(unit, "units")),
+                            metavar=unit.upper() + "|auto")
+        else:
+            settings.update(metavar="HOST:PORT" if option.name.endswith("listen") else "PATH")
+        settings.update(_SERVE_OVERRIDES.get(option.name, {}))
+        settings["help"] = settings["help"].replace("%", "%%")
+        serve.add_argument(flag, **settings)
+    serve.set_defaults(memory=_default_pool_size())
+
+
+def _size(text):
+    """A size checked but kept as written: 4096 stays a number, "64MiB" a
+    string, so that --print-config shows what was given."""
+    try:
+        parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return int(text) if text.isdigit() else text
+
+
+def _number_or_auto(unit):
+    def parse(text):
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} or auto, "
+                                             f"not {text!r}") from None
+    return parse

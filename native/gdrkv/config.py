@@ -2,10 +2,14 @@
 `gdrkv serve` under their long names with underscores (listen, memory,
 metrics_listen, auth_token_file, pretouch = false for --no-pretouch, ...).
 A flag given on the command line wins over the file; a key that names no
-flag is an error naming it, as is a value of the wrong kind."""
+flag is an error naming it, as is a value of the wrong kind. The flags are
+made from the server's options table (gdrkv.server.OPTIONS), so the keys
+are too."""
 import argparse
 import json
 import tomllib
+
+from .server import OPTIONS
 
 # Flags that are about reading the configuration, not part of it.
 _NOT_SETTINGS = {"help", "config", "print_config"}
@@ -60,10 +64,13 @@ def _value(path, action, key, value):
 
 
 def dump(parser, args):
-    """The effective settings as TOML (what --print-config prints)."""
+    """The effective settings as TOML (what --print-config prints): a
+    setting left unset shows the C default it runs with."""
     lines = []
     for key in settings(parser):
         value = getattr(args, key)
+        if value is None:
+            value = OPTIONS[key].default
         if value is not None:
             lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"

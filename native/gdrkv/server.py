@@ -1,20 +1,102 @@
-"""gdrkv.Server: a store server running inside this process, on C threads."""
+"""gdrkv.Server: a store server running inside this process, on C threads.
+
+OPTIONS describes its keywords, taken from the C library's options table
+(native/server/server_options.c), which `gdrkv serve`'s flags, its TOML
+file and --print-config are made from too: a keyword left at None keeps
+the C default shown there."""
 import threading
 import weakref
+from typing import NamedTuple
 
 from ._capi import read_address, read_counters, read_text, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, GdrkvError
-from .sizes import parse_size
+from .sizes import format_size, parse_size
 
-# hugepages and rdma: try, never, require.
-_HUGEPAGES = {"auto": -1, "off": 0, "on": 1}
+# The "mode" kind: try, never, require.
+MODES = {"auto": -1, "off": 0, "on": 1}
 _ERRLEN = 512
 
 
+class Option(NamedTuple):
+    """One server option: name is the keyword and TOML key, field its
+    gdrkv_server_opts field, kind how its value is written (gdrkv.h, struct
+    gdrkv_server_option), default the C default as it is written in a TOML
+    file (None: none)."""
+    name: str
+    field: str
+    kind: str
+    help: str
+    default: object
+
+
+def _default(kind, value):
+    """A field of a fresh gdrkv_server_opts as it is written in TOML."""
+    if kind == "text":
+        return ffi.string(value).decode() if value != ffi.NULL else None
+    if kind == "flag":
+        return bool(value)
+    if kind == "mode":
+        return {code: word for word, code in MODES.items()}[value]
+    if kind == "int_or_auto" and value == -1:
+        return "auto"
+    if kind == "size":
+        # Whole units read best ("256MiB"); 0 bytes is no size at all.
+        return (format_size(value) if parse_size(format_size(value)) == value else value) \
+            if value else None
+    return value
+
+
+def _options():
+    defaults = ffi.new("gdrkv_server_opts *")
+    lib.gdrkv_server_opts_init(defaults)
+    options = {}
+    i = 0
+    while (entry := lib.gdrkv_server_option_at(i)) != ffi.NULL:
+        name, field, kind, help_text = (ffi.string(text).decode() for text in
+                                        (entry.name, entry.field, entry.kind, entry.help))
+        options[name] = Option(name, field, kind, help_text,
+                               _default(kind, getattr(defaults, field)))
+        i += 1
+    return options
+
+
+OPTIONS = _options()
+
+
+def _set(opts, option, value, keep):
+    """opts.<field> = value, written the way the option's kind is; C strings
+    go into keep, which must outlive opts."""
+    name, field, kind = option.name, option.field, option.kind
+    if kind == "text":
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(part) for part in value)
+        keep.append(ffi.new("char[]", str(value).encode()))
+        setattr(opts, field, keep[-1])
+    elif kind == "flag":
+        setattr(opts, field, bool(value))
+    elif kind == "mode":
+        if value not in MODES:
+            raise ValueError(f"{name} must be one of {', '.join(MODES)}, not {value!r}")
+        setattr(opts, field, MODES[value])
+    elif kind == "ratio":
+        setattr(opts, field, float(value))
+    else:
+        if kind == "size":
+            value = parse_size(value)
+        elif kind == "int_or_auto" and value == "auto":
+            value = -1
+        set_int_field(opts, field, value, name, minimum=None)
+
+
 class Server:
-    """Serves a DRAM pool of `memory` bytes on `listen` ("host:port"; port 0
-    picks a free one) until close(). Use as a context manager.
+    """Serves a DRAM pool of `memory` bytes on `listen` ("host:port"; port 0,
+    the default here, picks a free one) until close(). Use as a context
+    manager. Every keyword is one of OPTIONS (`gdrkv serve --help` lists
+    them with their defaults); one left out or None keeps the C default.
+
+    workers network threads serve the connections (0: one per CPU, at
+    most 16).
 
     hugepages: "auto" (use them when the system has them), "on" (fail
     without them) or "off". pretouch faults the whole pool in at start, so
@@ -71,64 +153,15 @@ class Server:
     format at http://host:port/metrics (metrics() returns the same text).
     """
 
-    def __init__(self, listen="127.0.0.1:0", memory="1GiB", workers=0, hugepages="auto",
-                 pretouch=True, high_watermark=0.95, low_watermark=0.90,
-                 stall_timeout_ms=30000, max_connections=4096, unix_path=None,
-                 lease_timeout_ms=5000, rdma="auto", auth_token_file=None,
-                 insecure_no_auth=False, max_connections_per_peer=512,
-                 idle_timeout_ms=300000, max_buffered="256MiB", metrics_listen=None,
-                 drain_timeout_ms=5000, shm_staging="64MiB", single_tenant=False,
-                 pool_file=None, reset_pool_file=False, disk=None, disk_size=None,
-                 reset_disk=False, busy_poll_us="auto"):
-        if hugepages not in _HUGEPAGES:
-            raise ValueError(f"hugepages must be one of {', '.join(_HUGEPAGES)}, not {hugepages!r}")
-        if rdma not in _HUGEPAGES:
-            raise ValueError(f"rdma must be one of {', '.join(_HUGEPAGES)}, not {rdma!r}")
+    def __init__(self, listen="127.0.0.1:0", **options):
         opts = ffi.new("gdrkv_server_opts *")
         lib.gdrkv_server_opts_init(opts)
-        listen_c = ffi.new("char[]", listen.encode())
-        opts.listen = listen_c
-        set_int_field(opts, "memory_bytes", parse_size(memory), "memory", minimum=1)
-        set_int_field(opts, "workers", workers, "workers")
-        if busy_poll_us != "auto":
-            set_int_field(opts, "busy_poll_us", busy_poll_us, "busy_poll_us")
-        set_int_field(opts, "stall_timeout_ms", stall_timeout_ms, "stall_timeout_ms", minimum=1)
-        set_int_field(opts, "max_connections", max_connections, "max_connections", minimum=1)
-        set_int_field(opts, "max_connections_per_peer", max_connections_per_peer,
-                      "max_connections_per_peer", minimum=1)
-        set_int_field(opts, "idle_timeout_ms", idle_timeout_ms, "idle_timeout_ms", minimum=1)
-        set_int_field(opts, "drain_timeout_ms", drain_timeout_ms, "drain_timeout_ms")
-        set_int_field(opts, "max_buffered_bytes", parse_size(max_buffered), "max_buffered",
-                      minimum=8 << 20)
-        set_int_field(opts, "lease_timeout_ms", lease_timeout_ms, "lease_timeout_ms", minimum=1)
-        set_int_field(opts, "shm_staging_bytes", parse_size(shm_staging), "shm_staging")
-        opts.single_tenant = bool(single_tenant)
-        if unix_path is not None:
-            unix_path_c = ffi.new("char[]", unix_path.encode())
-            opts.unix_path = unix_path_c
-        if auth_token_file:
-            token_file_c = ffi.new("char[]", str(auth_token_file).encode())
-            opts.auth_token_file = token_file_c
-        opts.insecure_no_auth = bool(insecure_no_auth)
-        if pool_file:
-            pool_file_c = ffi.new("char[]", str(pool_file).encode())
-            opts.pool_file = pool_file_c
-        opts.reset_pool_file = bool(reset_pool_file)
-        if disk:
-            paths = disk.split(",") if isinstance(disk, str) else [str(p) for p in disk]
-            disk_c = ffi.new("char[]", ",".join(paths).encode())
-            opts.disk = disk_c
-        if disk_size is not None:
-            set_int_field(opts, "disk_size", parse_size(disk_size), "disk_size", minimum=1)
-        opts.reset_disk = bool(reset_disk)
-        if metrics_listen:
-            metrics_listen_c = ffi.new("char[]", metrics_listen.encode())
-            opts.metrics_listen = metrics_listen_c
-        opts.hugepages = _HUGEPAGES[hugepages]
-        opts.rdma = _HUGEPAGES[rdma]
-        opts.pretouch = bool(pretouch)
-        opts.high_watermark = high_watermark
-        opts.low_watermark = low_watermark
+        keep = []
+        for name, value in {"listen": listen, **options}.items():
+            if name not in OPTIONS:
+                raise TypeError(f"Server() got an unexpected keyword argument {name!r}")
+            if value is not None:
+                _set(opts, OPTIONS[name], value, keep)
 
         out = ffi.new("gdrkv_server **")
         err = ffi.new("char[]", _ERRLEN)

@@ -98,7 +98,24 @@ typedef struct gdrkv_server_opts {
                                    1000 on hosts of 8 CPUs or more, else off */
 } gdrkv_server_opts;
 
+/* Every field above at its default. */
 void gdrkv_server_opts_init(gdrkv_server_opts *opts);
+
+/* One option of gdrkv_server_opts, described for the bindings: what
+ * gdrkv.Server's keywords, `gdrkv serve`'s flags and its TOML keys are
+ * made from (native/server/server_options.c holds the table). */
+typedef struct gdrkv_server_option {
+    const char *name;           /* the keyword and TOML key; the flag is --name with
+                                   dashes (--no-name for a flag on by default) */
+    const char *field;          /* the gdrkv_server_opts field it sets */
+    const char *kind;           /* "text", "flag" (0/1), "mode" (-1 auto, 0 off, 1 on),
+                                   "int", "int_or_auto" (-1 = auto), "size" (bytes),
+                                   "ratio" */
+    const char *help;
+} gdrkv_server_option;
+
+/* Option i, from 0 on; NULL past the last. */
+const gdrkv_server_option *gdrkv_server_option_at(uint32_t i);
 /* Starts the server's threads; returns 0 or a negative gdrkv_error with a
  * message in err. */
 int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out,

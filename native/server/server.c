@@ -1,8 +1,9 @@
 /*
- * server.c - the in-process server's lifecycle (gdrkv.h): options, the
- * store, the listening sockets (tcp, and unix for the shm transport),
- * worker threads plus one housekeeping thread
- * that runs the store's background eviction, and an orderly stop.
+ * server.c - the in-process server's lifecycle (gdrkv.h), started stage by
+ * stage: the store, rdma, the listening sockets (tcp, and unix for the
+ * shm transport), the metrics endpoint, worker threads plus one
+ * housekeeping thread that runs the store's background eviction; and an
+ * orderly stop. Its options are server_options.c's.
  *
  * Stopping is one eventfd that every thread polls: written once, never
  * read, it stays readable until every thread has seen it.
@@ -22,6 +23,7 @@
 #include "common/net.h"
 #include "server_disk.h"
 #include "server_metrics.h"
+#include "server_options.h"
 #include "server_peers.h"
 #include "server_rdma.h"
 #include "server_state.h"
@@ -43,97 +45,6 @@ static int copy_helpers(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return (int)GK_MIN(GK_MAX(cpus / 2 - 1, 0L), (long)SERVER_COPY_HELPERS);
-}
-
-/* busy_poll_us -1 (auto). On an H100 host (16 CPUs) a worker that slept
- * between the frames of a call, and between calls, answered them later:
- * polling 1 ms after each event took 4-5% off GPU GETs of 4096 x 4 KiB and
- * 6-7% off single-tenant GPU PUTs of 16 x 1 MiB (docs/benchmarks.md). On a
- * 2-core host the polling worker takes the client's core: CPU GETs of
- * 4096 x 4 KiB over shm went from 0.73 to 1.0-1.1 ms. */
-#define SERVER_BUSY_POLL_MANY_CPUS 8
-#define SERVER_BUSY_POLL_AUTO_US 1000
-#define SERVER_BUSY_POLL_MAX_US 1000000
-
-static uint64_t busy_poll_ns(int asked)
-{
-    if (asked < 0)
-        asked = sysconf(_SC_NPROCESSORS_ONLN) >= SERVER_BUSY_POLL_MANY_CPUS
-                    ? SERVER_BUSY_POLL_AUTO_US
-                    : 0;
-    return (uint64_t)asked * 1000u;
-}
-
-void gdrkv_server_opts_init(gdrkv_server_opts *opts)
-{
-    *opts = (gdrkv_server_opts){
-        .listen = "127.0.0.1:7480",
-        .memory_bytes = 1ull << 30,
-        .workers = 0,
-        .hugepages = -1,
-        .pretouch = 1,
-        .high_watermark = 0.95,
-        .low_watermark = 0.90,
-        .stall_timeout_ms = 30000,
-        .max_connections = 4096,
-        .max_connections_per_peer = 512,
-        .idle_timeout_ms = 300000,
-        .drain_timeout_ms = 5000,
-        .max_buffered_bytes = 256ull << 20,
-        .unix_path = NULL,
-        .lease_timeout_ms = 5000,
-        .rdma = -1,
-        .shm_staging_bytes = 64ull << 20,
-        .busy_poll_us = -1,
-    };
-}
-
-static int check_opts(const gdrkv_server_opts *o, struct gk_addr *addr, char *err, size_t errlen)
-{
-    const char *bad = NULL;
-
-    if (!o->listen || gk_parse_addr(o->listen, 0, addr) < 0)
-        bad = "listen must be host:port";
-    else if (o->memory_bytes == 0)
-        bad = "memory_bytes must be > 0";
-    else if (o->workers < 0)
-        bad = "workers must be >= 0";
-    else if (o->hugepages < -1 || o->hugepages > 1)
-        bad = "hugepages must be -1, 0 or 1";
-    else if (!(o->low_watermark > 0 && o->low_watermark <= o->high_watermark &&
-               o->high_watermark <= 1))
-        bad = "watermarks need 0 < low <= high <= 1";
-    else if (o->stall_timeout_ms == 0)
-        bad = "stall_timeout_ms must be > 0";
-    else if (o->max_connections == 0)
-        bad = "max_connections must be > 0";
-    else if (o->max_connections_per_peer == 0)
-        bad = "max_connections_per_peer must be > 0";
-    else if (o->idle_timeout_ms == 0)
-        bad = "idle_timeout_ms must be > 0";
-    else if (o->max_buffered_bytes < GK_MAX_BODY)
-        bad = "max_buffered_bytes must be at least 8MiB (one largest request body)";
-    else if (o->lease_timeout_ms == 0)
-        bad = "lease_timeout_ms must be > 0";
-    else if (o->rdma < -1 || o->rdma > 1)
-        bad = "rdma must be -1, 0 or 1";
-    else if (o->shm_staging_bytes > GK_MAX_OBJECT * 4ull)
-        bad = "shm_staging_bytes must be at most 4GiB";
-    else if (o->single_tenant < 0 || o->single_tenant > 1)
-        bad = "single_tenant must be 0 or 1";
-    else if (o->busy_poll_us < -1 || o->busy_poll_us > SERVER_BUSY_POLL_MAX_US)
-        bad = "busy_poll_us must be -1 (auto) or 0 to 1000000";
-    else if (o->reset_pool_file && !(o->pool_file && *o->pool_file))
-        bad = "reset_pool_file needs a pool_file";
-    else if ((o->disk && *o->disk) != (o->disk_size > 0))
-        bad = "disk and disk_size go together";
-    else if (o->reset_disk && !(o->disk && *o->disk))
-        bad = "reset_disk needs a disk";
-    else if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
-        bad = "unix_path is too long for a unix socket";
-    if (bad)
-        snprintf(err, errlen, "%s", bad);
-    return bad ? GDRKV_E_INVALID : 0;
 }
 
 static int worker_count(int asked)
@@ -252,6 +163,184 @@ static void server_free(struct gdrkv_server *s)
     free(s);
 }
 
+/* ------------------------------------------------------------ start, by stage
+ *
+ * Each stage takes what the ones before it set up; on failure it leaves
+ * its own part where server_free finds it, and says why in err. */
+
+typedef int server_stage(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                         size_t errlen);
+
+/* The server's struct with the options the workers read, and the stop
+ * eventfd every later thread polls. */
+static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err, size_t errlen)
+{
+    struct gdrkv_server *s = calloc(1, sizeof *s);
+
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->listen_fd = s->unix_fd = -1;
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        server_free(s);
+        return NULL;
+    }
+    s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
+    if (!s->peers) {
+        snprintf(err, errlen, "out of memory");
+        server_free(s);
+        return NULL;
+    }
+    server_options_keep(&s->opts, opts);
+    s->busy_poll_ns = server_busy_poll_ns(opts->busy_poll_us);
+    s->started_ns = gk_now_ns();
+    return s;
+}
+
+static int load_token(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                      size_t errlen)
+{
+    if (!opts->auth_token_file || !*opts->auth_token_file)
+        return 0;
+    return gk_token_load(opts->auth_token_file, 1, &s->token, err, errlen);
+}
+
+/* The disk option's comma-separated directories, cut in place in list. */
+static int split_disks(char *list, const char **paths, uint32_t *n, char *err, size_t errlen)
+{
+    char *save = NULL;
+
+    *n = 0;
+    for (char *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        if (*n == SERVER_MAX_DISKS) {
+            snprintf(err, errlen, "at most %d disk paths", SERVER_MAX_DISKS);
+            return GDRKV_E_INVALID;
+        }
+        paths[(*n)++] = p;
+    }
+    return 0;
+}
+
+/* The store over the pool (and its file and disk tier), with the disk
+ * tier's threads. */
+static int open_store(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                      size_t errlen)
+{
+    const char *disk_paths[SERVER_MAX_DISKS];
+    char *disk_list = strdup(opts->disk ? opts->disk : "");
+    struct store_opts so = {
+        .memory_bytes = opts->memory_bytes,
+        .hugepages = opts->hugepages,
+        .pretouch = opts->pretouch,
+        .high_watermark = opts->high_watermark,
+        .low_watermark = opts->low_watermark,
+        .writable_share = opts->single_tenant,
+        .pool_file = opts->pool_file && *opts->pool_file ? opts->pool_file : NULL,
+        .reset_pool_file = opts->reset_pool_file,
+        .disk_paths = disk_paths,
+        .disk_bytes_per_path = opts->disk_size,
+        .reset_disk = opts->reset_disk,
+    };
+    int rc;
+
+    if (!disk_list) {
+        snprintf(err, errlen, "out of memory");
+        return GDRKV_E_INTERNAL;
+    }
+    rc = split_disks(disk_list, disk_paths, &so.disk_npaths, err, errlen);
+    if (rc == 0 && (rc = store_open(&s->store, &so, err, errlen)) != 0)
+        s->store = NULL;
+    free(disk_list);
+    if (rc == 0 && server_disk_start(s) != 0) {
+        snprintf(err, errlen, "cannot start the disk threads");
+        rc = GDRKV_E_INTERNAL;
+    }
+    return rc;
+}
+
+static int start_rdma(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                      size_t errlen)
+{
+    return server_rdma_start(s, opts->rdma, err, errlen);
+}
+
+/* The tcp listener, refused where other hosts reach it unguarded, then
+ * the unix one of the shm transport. */
+static int open_listeners(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                          size_t errlen)
+{
+    struct gk_addr addr;
+
+    gk_parse_addr(opts->listen, 0, &addr);      /* server_options_check parsed it */
+    s->listen_fd = gk_listen_tcp(&addr, SOMAXCONN, err, errlen);
+    if (s->listen_fd < 0)
+        return s->listen_fd;
+    gk_sock_name(s->listen_fd, s->address, sizeof s->address);
+    /* Redis's protected mode: reachable from other hosts only with a token,
+     * or when the operator says so. */
+    if (!s->token.len && !opts->insecure_no_auth && !gk_sock_is_loopback(s->listen_fd)) {
+        snprintf(err, errlen, "%s is reachable from other hosts: give it a secret with "
+                 "--auth-token-file (auth_token_file), or accept that anyone who reaches it "
+                 "can read, overwrite and clear the cache with --insecure-no-auth", s->address);
+        return GDRKV_E_INVALID;
+    }
+    return listen_unix(s, opts->unix_path, err, errlen);
+}
+
+static int start_metrics(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                         size_t errlen)
+{
+    struct gk_addr addr;
+
+    if (!opts->metrics_listen || !*opts->metrics_listen)
+        return 0;
+    if (gk_parse_addr(opts->metrics_listen, 0, &addr) < 0) {
+        snprintf(err, errlen, "metrics_listen must be host:port, not %s", opts->metrics_listen);
+        return GDRKV_E_INVALID;
+    }
+    return server_metrics_start(s, &addr, err, errlen);
+}
+
+/* The staged-copy helpers, then the workers and their threads. */
+static int start_workers(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                         size_t errlen)
+{
+    if (gk_copier_init(&s->copier, copy_helpers(), SERVER_COPY_PARALLEL_BYTES)) {
+        snprintf(err, errlen, "cannot set up the copy helpers");
+        return GDRKV_E_INTERNAL;
+    }
+    s->copier_ready = 1;
+    for (int want = worker_count(opts->workers); s->nworkers < want; s->nworkers++) {
+        if (server_worker_init(&s->workers[s->nworkers], s) < 0) {
+            snprintf(err, errlen, "cannot set up worker %d: %s", s->nworkers, strerror(errno));
+            return GDRKV_E_INTERNAL;
+        }
+    }
+    if (start_threads(s) != 0) {
+        snprintf(err, errlen, "cannot start the server's threads");
+        return GDRKV_E_INTERNAL;
+    }
+    return 0;
+}
+
+static server_stage *const start_stages[] = {
+    load_token, open_store, start_rdma, open_listeners, start_metrics, start_workers,
+};
+
+static void log_started(struct gdrkv_server *s)
+{
+    struct store_stats st;
+
+    store_get_stats(s->store, &st);
+    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers, rdma %s",
+            s->address, s->unix_fd >= 0 ? " and " : "", s->unix_path,
+            (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers,
+            s->rdma ? "on" : "off");
+}
+
 int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *err, size_t errlen)
 {
     char unused[1];
@@ -265,153 +354,21 @@ int gdrkv_server_start(const gdrkv_server_opts *opts, gdrkv_server **out, char *
         snprintf(err, errlen, "opts and out are required");
         return GDRKV_E_INVALID;
     }
-    rc = check_opts(opts, &addr, err, errlen);
+    rc = server_options_check(opts, &addr, err, errlen);
     if (rc)
         return rc;
-    s = calloc(1, sizeof *s);
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
+    s = server_new(opts, err, errlen);
+    if (!s)
         return GDRKV_E_INTERNAL;
-    }
-    s->listen_fd = s->unix_fd = s->wake_fd = -1;
-    if (opts->auth_token_file && *opts->auth_token_file) {
-        rc = gk_token_load(opts->auth_token_file, 1, &s->token, err, errlen);
-        if (rc)
-            goto fail;
-    }
-    s->stall_timeout_ms = opts->stall_timeout_ms;
-    s->lease_timeout_ms = opts->lease_timeout_ms;
-    s->shm_staging_bytes = opts->shm_staging_bytes;
-    s->single_tenant = opts->single_tenant;
-    s->busy_poll_ns = busy_poll_ns(opts->busy_poll_us);
-    s->max_connections = opts->max_connections;
-    s->idle_timeout_ms = opts->idle_timeout_ms;
-    s->drain_timeout_ms = opts->drain_timeout_ms;
-    s->max_buffered_bytes = opts->max_buffered_bytes;
-    s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
-    if (!s->peers) {
-        rc = GDRKV_E_INTERNAL;
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
-    s->started_ns = gk_now_ns();
-
-    char *disk_list = NULL;
-    const char *disk_paths[SERVER_MAX_DISKS];
-    uint32_t ndisks = 0;
-    if (opts->disk && *opts->disk) {
-        disk_list = strdup(opts->disk);
-        if (!disk_list) {
-            rc = GDRKV_E_INTERNAL;
-            snprintf(err, errlen, "out of memory");
-            goto fail;
-        }
-        char *save = NULL;
-        for (char *p = strtok_r(disk_list, ",", &save); p;
-             p = strtok_r(NULL, ",", &save)) {
-            if (ndisks == SERVER_MAX_DISKS) {
-                rc = GDRKV_E_INVALID;
-                snprintf(err, errlen, "at most %d disk paths", SERVER_MAX_DISKS);
-                free(disk_list);
-                goto fail;
-            }
-            disk_paths[ndisks++] = p;
-        }
-    }
-    struct store_opts so = {
-        .memory_bytes = opts->memory_bytes,
-        .hugepages = opts->hugepages,
-        .pretouch = opts->pretouch,
-        .high_watermark = opts->high_watermark,
-        .low_watermark = opts->low_watermark,
-        .writable_share = opts->single_tenant,
-        .pool_file = opts->pool_file && *opts->pool_file ? opts->pool_file : NULL,
-        .reset_pool_file = opts->reset_pool_file,
-        .disk_paths = disk_paths,
-        .disk_npaths = ndisks,
-        .disk_bytes_per_path = opts->disk_size,
-        .reset_disk = opts->reset_disk,
-    };
-    rc = store_open(&s->store, &so, err, errlen);
-    free(disk_list);
+    for (size_t i = 0; rc == 0 && i < GK_ARRAY_LEN(start_stages); i++)
+        rc = start_stages[i](s, opts, err, errlen);
     if (rc) {
-        s->store = NULL;
-        goto fail;
+        server_free(s);
+        return rc;
     }
-    if (server_disk_start(s) != 0) {
-        rc = GDRKV_E_INTERNAL;
-        snprintf(err, errlen, "cannot start the disk threads");
-        goto fail;
-    }
-    rc = server_rdma_start(s, opts->rdma, err, errlen);
-    if (rc)
-        goto fail;
-    s->listen_fd = gk_listen_tcp(&addr, SOMAXCONN, err, errlen);
-    if (s->listen_fd < 0) {
-        rc = s->listen_fd;
-        goto fail;
-    }
-    gk_sock_name(s->listen_fd, s->address, sizeof s->address);
-    /* Redis's protected mode: reachable from other hosts only with a token,
-     * or when the operator says so. */
-    if (!s->token.len && !opts->insecure_no_auth && !gk_sock_is_loopback(s->listen_fd)) {
-        snprintf(err, errlen, "%s is reachable from other hosts: give it a secret with "
-                 "--auth-token-file (auth_token_file), or accept that anyone who reaches it "
-                 "can read, overwrite and clear the cache with --insecure-no-auth", s->address);
-        rc = GDRKV_E_INVALID;
-        goto fail;
-    }
-    rc = listen_unix(s, opts->unix_path, err, errlen);
-    if (rc)
-        goto fail;
-    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->wake_fd < 0) {
-        rc = GDRKV_E_INTERNAL;
-        snprintf(err, errlen, "eventfd: %s", strerror(errno));
-        goto fail;
-    }
-    if (opts->metrics_listen && *opts->metrics_listen) {
-        struct gk_addr maddr;
-        if (gk_parse_addr(opts->metrics_listen, 0, &maddr) < 0) {
-            rc = GDRKV_E_INVALID;
-            snprintf(err, errlen, "metrics_listen must be host:port, not %s", opts->metrics_listen);
-            goto fail;
-        }
-        rc = server_metrics_start(s, &maddr, err, errlen);
-        if (rc)
-            goto fail;
-    }
-    if (gk_copier_init(&s->copier, copy_helpers(), SERVER_COPY_PARALLEL_BYTES)) {
-        rc = GDRKV_E_INTERNAL;
-        snprintf(err, errlen, "cannot set up the copy helpers");
-        goto fail;
-    }
-    s->copier_ready = 1;
-    for (int want = worker_count(opts->workers); s->nworkers < want; s->nworkers++) {
-        if (server_worker_init(&s->workers[s->nworkers], s) < 0) {
-            rc = GDRKV_E_INTERNAL;
-            snprintf(err, errlen, "cannot set up worker %d: %s", s->nworkers, strerror(errno));
-            goto fail;
-        }
-    }
-    if (start_threads(s) != 0) {
-        rc = GDRKV_E_INTERNAL;
-        snprintf(err, errlen, "cannot start the server's threads");
-        goto fail;
-    }
-
-    struct store_stats st;
-    store_get_stats(s->store, &st);
-    GK_INFO("server listening on %s%s%s: pool %llu MiB, hugepages %s, %d workers, rdma %s",
-            s->address, s->unix_fd >= 0 ? " and " : "", s->unix_path,
-            (unsigned long long)(st.pool_bytes >> 20), st.hugepages ? "yes" : "no", s->nworkers,
-            s->rdma ? "on" : "off");
+    log_started(s);
     *out = s;
     return 0;
-
-fail:
-    server_free(s);
-    return rc;
 }
 
 /* One of the server's strings into the caller's buffer, whole or not at all. */

@@ -115,7 +115,7 @@ int server_conn_between_frames(const struct server_conn *c)
 enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64_t now_ns)
 {
     const struct gdrkv_server *s = c->worker->server;
-    uint64_t stall_ns = (uint64_t)s->stall_timeout_ms * 1000000ull;
+    uint64_t stall_ns = (uint64_t)s->opts.stall_timeout_ms * 1000000ull;
     int between_frames = server_conn_between_frames(c);
 
     if (c->answer_deadline_ns && now_ns >= c->answer_deadline_ns)
@@ -126,7 +126,7 @@ enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64
         return CONN_OVERDUE_STALLED;
     /* A stranger gets the stall timeout to authenticate, a client the
      * idle timeout between frames. */
-    uint64_t idle_ns = c->auth == CONN_AUTH_DONE ? (uint64_t)s->idle_timeout_ms * 1000000ull
+    uint64_t idle_ns = c->auth == CONN_AUTH_DONE ? (uint64_t)s->opts.idle_timeout_ms * 1000000ull
                                                  : stall_ns;
     if (between_frames && now_ns - c->opened_ns >= idle_ns)
         return CONN_OVERDUE_IDLE;
@@ -239,7 +239,7 @@ static enum step on_header(struct server_conn *c)
      * in by a deadline that grows with its size, however its bytes trickle. */
     if (rc != GDRKV_E_TOO_LARGE)
         c->request_deadline_ns = c->first_byte_ns +
-                                 (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull +
+                                 (uint64_t)c->worker->server->opts.stall_timeout_ms * 1000000ull +
                                  ((h->body_len + h->payload_len) >> 20) * CONN_REQUEST_NS_PER_MIB;
     if (rc == GDRKV_E_UNSUPPORTED || (rc == 0 && !server_ops_allowed(c, h->opcode))) {
         /* Lengths were checked before the opcode, so skipping is bounded. */
@@ -276,7 +276,7 @@ static enum step wait_buffer(struct server_conn *c)
     if (len > c->body_cap) {
         uint64_t more = len - c->body_cap;
         uint64_t total = __atomic_add_fetch(&s->buffered_bytes, more, __ATOMIC_RELAXED);
-        if (len > CONN_SMALL_BODY && total > s->max_buffered_bytes) {
+        if (len > CONN_SMALL_BODY && total > s->opts.max_buffered_bytes) {
             __atomic_fetch_sub(&s->buffered_bytes, more, __ATOMIC_RELAXED);
             if (!c->waited_for_buffer)
                 gk_counter_add(&c->worker->counters.frames_waited_for_buffer, 1);
@@ -371,7 +371,7 @@ static enum step read_header(struct server_conn *c)
     if (c->hdr_got == 0) {
         c->first_byte_ns = c->last_progress_ns;
         c->request_deadline_ns = c->first_byte_ns +
-                                 (uint64_t)c->worker->server->stall_timeout_ms * 1000000ull;
+                                 (uint64_t)c->worker->server->opts.stall_timeout_ms * 1000000ull;
     }
     c->hdr_got += (uint32_t)n;
     return c->hdr_got == GK_HDR_SIZE ? on_header(c) : STEP_MORE;

@@ -84,7 +84,7 @@ static int op_get(struct server_conn *c)
      * connection instead of keeping writers out of the pool. */
     if (payload_len)
         c->answer_deadline_ns = gk_now_ns() +
-                                (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+                                (uint64_t)c->worker->server->opts.lease_timeout_ms * 1000000ull +
                                 (payload_len >> 20) * CONN_ANSWER_NS_PER_MIB;
     return server_reply_results(c, n, b->status, b->sizes, payload_len);
 }
@@ -100,12 +100,12 @@ static int op_hello(struct server_conn *c)
     struct gdrkv_server *srv = c->worker->server;
     struct store *s = store_of(c);
 
-    if (srv->shm_staging_bytes && !c->staging.base &&
-        server_staging_open(&c->staging, srv->shm_staging_bytes) != 0)
+    if (srv->opts.shm_staging_bytes && !c->staging.base &&
+        server_staging_open(&c->staging, srv->opts.shm_staging_bytes) != 0)
         GK_WARN("fd %d: no staging memfd (%s): this client's PUTs go on the socket", c->fd,
                 strerror(errno));
     uint16_t staging_words = GK_HELLO_LEASE_WORD | GK_HELLO_STAGED_WORD;
-    uint16_t flags = (srv->single_tenant ? GK_HELLO_WRITABLE : 0) |
+    uint16_t flags = (srv->opts.single_tenant ? GK_HELLO_WRITABLE : 0) |
                      (c->staging.base ? staging_words : 0);
     return server_reply_hello(c, store_capacity(s), flags, store_pool_fd(s), c->staging.fd);
 }
@@ -498,7 +498,7 @@ int server_ops_execute(struct server_conn *c)
 /* A local connection of a single-tenant server: it maps the pool writable. */
 static int single_tenant_local(const struct server_conn *c)
 {
-    return c->local && c->worker->server->single_tenant;
+    return c->local && c->worker->server->opts.single_tenant;
 }
 
 int server_ops_allowed(const struct server_conn *c, uint8_t op)
@@ -520,7 +520,7 @@ int server_ops_allowed(const struct server_conn *c, uint8_t op)
  * a client that went away still is. */
 static uint64_t hold_deadline(const struct server_conn *c, uint64_t bytes)
 {
-    return gk_now_ns() + (uint64_t)c->worker->server->lease_timeout_ms * 1000000ull +
+    return gk_now_ns() + (uint64_t)c->worker->server->opts.lease_timeout_ms * 1000000ull +
            (bytes >> 20) * 1000000ull;
 }
 

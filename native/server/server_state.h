@@ -4,7 +4,10 @@
  * a client connection with what its frame holds in the store.
  *
  * The wing, top to bottom (a file calls only files below it):
- *   server.c          lifecycle: options, listening sockets, threads, stop
+ *   server.c          lifecycle, stage by stage: store, listening sockets,
+ *                     threads; and the stop
+ *   server_options.c  the options table: defaults, what the bindings make
+ *                     keywords, flags and TOML keys of, the one check
  *   server_worker.c   one epoll loop per thread: accept, dispatch, ticks
  *   server_conn.c     a connection's bytes and frames: the non-blocking
  *                     read/execute/write state machine
@@ -133,13 +136,13 @@ struct server_worker {
 };
 
 struct gdrkv_server {
+    gdrkv_server_opts opts;         /* as started, for whatever reads an option at run
+                                       time; its strings are the caller's, so NULL here
+                                       (server_options_keep) */
     struct store *store;
     int listen_fd;
     int unix_fd;                    /* shm listener, or -1 */
     char unix_path[GK_UNIX_PATH_MAX];   /* "" when shm is off */
-    uint32_t lease_timeout_ms;
-    uint64_t shm_staging_bytes;     /* each local connection's staging memfd; 0: none */
-    int single_tenant;              /* local clients map the pool writable */
     uint64_t busy_poll_ns;          /* a worker polls this long after an event before it sleeps */
     struct gk_copier copier;        /* helpers the workers share for staged PUT copies */
     int copier_ready;               /* copier initialised (destroy it) */
@@ -150,14 +153,9 @@ struct gdrkv_server {
     struct server_disk *disk;       /* the disk threads; NULL without a disk tier */
     int wake_fd;                    /* eventfd; becomes readable when stop begins */
     char address[300];
-    uint32_t stall_timeout_ms;
-    uint32_t idle_timeout_ms;
-    uint32_t drain_timeout_ms;
-    uint32_t max_connections;       /* tcp; local (unix) connections have as many apart */
     uint32_t connections;           /* open tcp connections over all workers (atomic) */
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
-    uint64_t max_buffered_bytes;
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */

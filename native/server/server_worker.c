@@ -134,11 +134,11 @@ static int take_slots(struct server_worker *w, int fd, int local, struct server_
     struct gdrkv_server *s = w->server;
     uint32_t *open = local ? &s->local_connections : &s->connections;
 
-    if (__atomic_fetch_add(open, 1, __ATOMIC_RELAXED) >= s->max_connections) {
+    if (__atomic_fetch_add(open, 1, __ATOMIC_RELAXED) >= s->opts.max_connections) {
         __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
         gk_counter_add(&w->counters.connections_rejected, 1);
         GK_DEBUG("%s connection refused: max_connections %u reached", local ? "unix" : "tcp",
-                 s->max_connections);
+                 s->opts.max_connections);
         return -1;
     }
     if (!local && (server_peer_of(fd, peer) < 0 || server_peers_take(s->peers, peer) < 0)) {
@@ -335,7 +335,7 @@ static uint64_t begin_drain(struct server_worker *w)
             epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, s->unix_fd, NULL);
         w->accepting = 0;
     }
-    return gk_now_ns() + (uint64_t)s->drain_timeout_ms * 1000000ull;
+    return gk_now_ns() + (uint64_t)s->opts.drain_timeout_ms * 1000000ull;
 }
 
 /* Closes the connections between frames: their clients have every answer

@@ -1,0 +1,242 @@
+/*
+ * server_options.c - every field of gdrkv_server_opts, one line each
+ * (Redis config.c's static_configs[]): its name, which is gdrkv.Server's
+ * keyword, the TOML key and the `gdrkv serve` flag (--name with dashes;
+ * --no-name for a flag that is on by default), the field it sets, how its
+ * value is written, its default and its help. gdrkv_server_opts_init takes
+ * the defaults from here and Python takes the rest (gdrkv_server_option_at),
+ * so a new option is two edits: its field in gdrkv.h and its line below.
+ * server_options_check is the one validator.
+ *
+ * Kinds: text (a string, NULL = none), flag (0/1), mode (-1 auto, 0 off,
+ * 1 on), int, int_or_auto (-1 = auto), size (bytes; "1GiB" in Python),
+ * ratio (a double).
+ */
+#include "server_options.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/net.h"
+#include "common/protocol.h"
+
+struct server_option {
+    gdrkv_server_option about;
+    size_t offset, size;            /* of its field in gdrkv_server_opts */
+    double number;                  /* default of every kind but text */
+    const char *text;               /* default of text */
+};
+
+/* The width each kind is written with (set_default): a field of another
+ * width makes a negative array size, so the table does not compile. */
+#define WIDTH_text sizeof(const char *)
+#define WIDTH_flag sizeof(int)
+#define WIDTH_mode sizeof(int)
+#define WIDTH_int sizeof(int32_t)
+#define WIDTH_int_or_auto sizeof(int)
+#define WIDTH_size sizeof(uint64_t)
+#define WIDTH_ratio sizeof(double)
+#define FIELD_SIZE(field) sizeof(((gdrkv_server_opts *)0)->field)
+#define FIELD(field, kind)                                                                  \
+    offsetof(gdrkv_server_opts, field),                                                     \
+        FIELD_SIZE(field) + 0 * sizeof(char[FIELD_SIZE(field) == WIDTH_##kind ? 1 : -1])
+
+#define OPTION(name, field, kind, default, help) \
+    {{#name, #field, #kind, help}, FIELD(field, kind), (double)(default), NULL}
+#define TEXT_OPTION(name, default, help) \
+    {{#name, #name, "text", help}, FIELD(name, text), 0, default}
+
+static const struct server_option options[] = {
+    TEXT_OPTION(listen, "127.0.0.1:7480", "address to serve on, host:port (port 0 picks one)"),
+    OPTION(memory, memory_bytes, size, 1ull << 30, "pool size, e.g. 16GiB"),
+    OPTION(workers, workers, int, 0, "network threads; 0: one per CPU, at most 16"),
+    OPTION(busy_poll_us, busy_poll_us, int_or_auto, -1,
+           "after serving a frame, a network thread polls this many microseconds before it "
+           "sleeps, so a busy client's next frame finds it awake: less latency for some CPU "
+           "(auto: 1000 on hosts of 8 CPUs or more, else 0, off)"),
+    OPTION(hugepages, hugepages, mode, -1,
+           "back the pool by huge pages: auto where the system has them, on to require them"),
+    OPTION(pretouch, pretouch, flag, 1,
+           "fault the pool in at start (a slower start, faster first writes)"),
+    OPTION(high_watermark, high_watermark, ratio, 0.95,
+           "evict least recently used objects in the background above this share of the "
+           "pool in use"),
+    OPTION(low_watermark, low_watermark, ratio, 0.90, "... down to this share"),
+    OPTION(stall_timeout_ms, stall_timeout_ms, int, 30000,
+           "close connections stalled mid-frame this long (and drop their pins)"),
+    OPTION(max_connections, max_connections, int, 4096,
+           "tcp connections at a time; local (unix) ones have as many apart"),
+    OPTION(max_connections_per_peer, max_connections_per_peer, int, 512,
+           "tcp connections from one IP address"),
+    OPTION(idle_timeout_ms, idle_timeout_ms, int, 300000,
+           "close connections without a frame for this long; clients reconnect (one not yet "
+           "authenticated gets stall_timeout_ms)"),
+    OPTION(max_buffered, max_buffered_bytes, size, 256ull << 20,
+           "request bodies buffered over all connections; bigger ones wait"),
+    TEXT_OPTION(unix_path, NULL,
+                "unix socket for local clients (the shm transport); default "
+                "/tmp/gdrkv-<uid>/<port>.sock, or $GDRKV_RUNTIME_DIR/<port>.sock; '' turns "
+                "shm off"),
+    OPTION(lease_timeout_ms, lease_timeout_ms, int, 5000,
+           "longest an shm or rdma client may hold the objects it reads or the room it "
+           "writes into"),
+    OPTION(shm_staging, shm_staging_bytes, size, 64ull << 20,
+           "staging memfd of each local connection: shm PUT values go there and the server "
+           "copies them into the pool (0 sends them on the socket)"),
+    OPTION(single_tenant, single_tenant, flag, 0,
+           "local clients map the pool writable and copy PUT values straight into their "
+           "reservations: faster writes, but any local client of this user can then "
+           "overwrite any object"),
+    TEXT_OPTION(pool_file, NULL,
+                "keep the pool in PATH (on tmpfs such as /dev/shm, or hugetlbfs) and, when "
+                "PATH holds the pool of an earlier server of the same --memory, serve its "
+                "objects again: the cache survives a restart, a crash or kill -9 (not a "
+                "reboot)"),
+    OPTION(reset_pool_file, reset_pool_file, flag, 0,
+           "start the --pool-file empty whatever it holds (another size, another version, "
+           "damaged)"),
+    TEXT_OPTION(disk, NULL,
+                "a disk tier under the pool, directories separated by commas: objects the "
+                "pool evicts go to a file in each directory (a local SSD) instead of being "
+                "dropped, and come back when read; the next server finds them again"),
+    OPTION(disk_size, disk_size, size, 0,
+           "size of the disk tier's file in each --disk directory, e.g. 500GiB"),
+    OPTION(reset_disk, reset_disk, flag, 0, "start the --disk files empty whatever they hold"),
+    OPTION(rdma, rdma, mode, -1,
+           "serve rdma clients: auto when a device is there, on to require one"),
+    TEXT_OPTION(auth_token_file, NULL,
+                "serve only clients holding the secret in PATH (mode 600; clients give "
+                "token_file= or GDRKV_TOKEN_FILE); required to listen on an address other "
+                "hosts can reach"),
+    OPTION(insecure_no_auth, insecure_no_auth, flag, 0,
+           "listen on an address other hosts can reach without a token: anyone reaching it "
+           "can read, overwrite and clear the cache"),
+    OPTION(drain_timeout_ms, drain_timeout_ms, int, 5000,
+           "on stop (SIGTERM), let frames in flight finish this long, accepting nothing new"),
+    TEXT_OPTION(metrics_listen, NULL,
+                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics"),
+};
+
+const gdrkv_server_option *gdrkv_server_option_at(uint32_t i)
+{
+    return i < GK_ARRAY_LEN(options) ? &options[i].about : NULL;
+}
+
+/* Writes an option's default into its field, as the field's C type. */
+static void set_default(gdrkv_server_opts *opts, const struct server_option *o)
+{
+    char *field = (char *)opts + o->offset;
+
+    if (!strcmp(o->about.kind, "text")) {
+        memcpy(field, &o->text, sizeof o->text);
+    } else if (!strcmp(o->about.kind, "ratio")) {
+        double v = o->number;
+        memcpy(field, &v, sizeof v);
+    } else if (o->size == sizeof(uint64_t)) {
+        uint64_t v = (uint64_t)o->number;
+        memcpy(field, &v, sizeof v);
+    } else {
+        int32_t v = (int32_t)o->number;     /* int and uint32_t fields alike */
+        memcpy(field, &v, sizeof v);
+    }
+}
+
+void gdrkv_server_opts_init(gdrkv_server_opts *opts)
+{
+    *opts = (gdrkv_server_opts){0};
+    for (size_t i = 0; i < GK_ARRAY_LEN(options); i++)
+        set_default(opts, &options[i]);
+}
+
+void server_options_keep(gdrkv_server_opts *kept, const gdrkv_server_opts *given)
+{
+    static const char *const none = NULL;
+
+    *kept = *given;
+    for (size_t i = 0; i < GK_ARRAY_LEN(options); i++)
+        if (!strcmp(options[i].about.kind, "text"))
+            memcpy((char *)kept + options[i].offset, &none, sizeof none);
+}
+
+/* busy_poll_us -1 (auto): a worker that sleeps between the frames of a
+ * call answers them later, but on a host of few CPUs the polling worker
+ * takes the client's core (docs/operations.md, "Busy polling"). */
+#define BUSY_POLL_MANY_CPUS 8
+#define BUSY_POLL_AUTO_US 1000
+#define BUSY_POLL_MAX_US 1000000
+
+uint64_t server_busy_poll_ns(int busy_poll_us)
+{
+    if (busy_poll_us < 0)
+        busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= BUSY_POLL_MANY_CPUS ? BUSY_POLL_AUTO_US : 0;
+    return (uint64_t)busy_poll_us * 1000u;
+}
+
+/* The first fault of an option on its own, or NULL. */
+static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *listen)
+{
+    if (!o->listen || gk_parse_addr(o->listen, 0, listen) < 0)
+        return "listen must be host:port";
+    if (o->memory_bytes == 0)
+        return "memory_bytes must be > 0";
+    if (o->workers < 0)
+        return "workers must be >= 0";
+    if (o->hugepages < -1 || o->hugepages > 1)
+        return "hugepages must be -1, 0 or 1";
+    if (!(o->low_watermark > 0 && o->low_watermark <= o->high_watermark &&
+          o->high_watermark <= 1))
+        return "watermarks need 0 < low <= high <= 1";
+    if (o->stall_timeout_ms == 0)
+        return "stall_timeout_ms must be > 0";
+    if (o->max_connections == 0)
+        return "max_connections must be > 0";
+    if (o->max_connections_per_peer == 0)
+        return "max_connections_per_peer must be > 0";
+    if (o->idle_timeout_ms == 0)
+        return "idle_timeout_ms must be > 0";
+    if (o->max_buffered_bytes < GK_MAX_BODY)
+        return "max_buffered_bytes must be at least 8MiB (one largest request body)";
+    if (o->lease_timeout_ms == 0)
+        return "lease_timeout_ms must be > 0";
+    if (o->rdma < -1 || o->rdma > 1)
+        return "rdma must be -1, 0 or 1";
+    if (o->shm_staging_bytes > GK_MAX_OBJECT * 4ull)
+        return "shm_staging_bytes must be at most 4GiB";
+    if (o->single_tenant < 0 || o->single_tenant > 1)
+        return "single_tenant must be 0 or 1";
+    if (o->busy_poll_us < -1)
+        return "busy_poll_us must be at least 0 (or -1, auto)";
+    if (o->busy_poll_us > BUSY_POLL_MAX_US)
+        return "busy_poll_us must be -1 (auto) or 0 to 1000000";
+    if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
+        return "unix_path is too long for a unix socket";
+    return NULL;
+}
+
+/* The first fault of options that go together, or NULL. */
+static const char *pairing_fault(const gdrkv_server_opts *o)
+{
+    int has_disk = o->disk && *o->disk;
+
+    if (o->reset_pool_file && !(o->pool_file && *o->pool_file))
+        return "reset_pool_file needs a pool_file";
+    if (has_disk != (o->disk_size > 0))
+        return "disk and disk_size go together";
+    if (o->reset_disk && !has_disk)
+        return "reset_disk needs a disk";
+    return NULL;
+}
+
+int server_options_check(const gdrkv_server_opts *o, struct gk_addr *listen, char *err,
+                         size_t errlen)
+{
+    const char *bad = range_fault(o, listen);
+
+    if (!bad)
+        bad = pairing_fault(o);
+    if (bad)
+        snprintf(err, errlen, "%s", bad);
+    return bad ? GDRKV_E_INVALID : 0;
+}
