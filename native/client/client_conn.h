@@ -24,9 +24,11 @@
  * reserved chunks, then COMMIT. Other frames travel on the socket.
  *
  * Which of these exchanges a frame is (plain, shm lease, shm staged, shm
- * reserve/commit, rdma lease, rdma reserve/commit) is chosen once when it begins, from a table in
- * client_conn.c: the request's op, its answer's handler, and the
- * follow-up request (RELEASE, COMMIT) that handler sends.
+ * reserve/commit, rdma lease, rdma reserve/commit) is chosen once when it
+ * begins (struct client_exchange, client_frame.h): each transport owns its
+ * exchanges and their handlers (the plain one here, the others in
+ * client_shm.c and client_rdma.c), and this file keeps connect, send,
+ * receive and the header checks.
  */
 #ifndef GDRKV_CLIENT_CONN_H
 #define GDRKV_CLIENT_CONN_H
@@ -49,7 +51,7 @@ enum client_conn_phase {
                                    request (PUT_STAGED) or COMMIT (RESERVE) goes */
 };
 
-/* A PUT_STAGED frame the server follows (client_conn.c, follows()). */
+/* A PUT_STAGED frame the server follows (client_shm.c, follows()). */
 enum client_conn_follow {
     FOLLOW_NONE,
     FOLLOW_TO_COPY,             /* its values are copied once the request is sent */
@@ -85,6 +87,8 @@ struct client_conn {
     struct client_batch *batch;
     struct client_frame *frame;
     const struct client_exchange *ex;   /* how it travels, chosen when it begins */
+    const uint64_t *seg_ptrs;   /* where the socket moves its values: the call's
+                                   segments, or a GPU call's table (gpu_conn_start) */
     uint64_t req_id;            /* the request whose answer is awaited */
     uint8_t wire_op;            /* its op: the batch's, or LEASE, RELEASE, RESERVE,
                                    COMMIT, RDMA_HELLO */
@@ -117,6 +121,9 @@ int client_conn_connecting(const struct client_conn *c);
 uint64_t client_conn_connect_deadline(const struct client_conn *c);
 void client_conn_close(struct client_conn *c);
 int client_conn_is_shm(const struct client_conn *c);
+/* Waits for the connection's GPU copies still in flight (a socket GET's
+ * last frames): 0, or a negative error when one failed. */
+int client_conn_gpu_drain(struct client_conn *c);
 
 /* Whether an idle connection can carry a frame: the server has neither
  * closed it (restart, idle timeout) nor sent anything unasked. */

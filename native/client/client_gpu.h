@@ -1,6 +1,6 @@
 /*
  * client_gpu.h - GPU memory in the client's batch calls, on the tcp and
- * shm transports: which segments of a call are GPU memory, and the hooks
+ * shm transports: per connection, the staging and launch slots, and the hooks
  * the transports call so those segments move through the GPU copy paths
  * (gpu.h) instead of memcpy/readv/sendmsg:
  *
@@ -21,16 +21,17 @@
  *             staging by one launch, then sent from there.
  *
  * A call with no GPU segment never gets here: its batch has gpu == NULL.
+ * Which segments are GPU memory is client_gpu_call.h's; the public
+ * gdrkv_gpu_* functions are the gpu wing's (gpu/gpu_api.c).
  */
 #ifndef GDRKV_CLIENT_GPU_H
 #define GDRKV_CLIENT_GPU_H
 
 #include <stdint.h>
 
+#include "client_gpu_call.h"
 #include "gpu/gpu.h"
 
-struct client_regions;
-struct client_keys;
 struct client_batch;
 struct client_frame;
 struct client_pool;
@@ -38,67 +39,18 @@ struct client_staging;
 struct gk_copy_list;
 struct gk_copier;
 
-/* Largest frame payload of a call with GPU segments: bounds the pinned
- * staging each connection holds (two of these), and sets the grain at
- * which receiving and copying to the GPU overlap. */
-#define GPU_FRAME_BYTES (32ull << 20)
-
-struct gpu_call {
-    const uint64_t *orig;   /* the caller's segment pointers */
-    uint64_t *ptrs;         /* what the transports use: the caller's, except GPU
-                               segments of socket frames, redirected into staging */
-    int8_t *seg_dev;        /* per segment: GPU ordinal, or -1 for host memory;
-                               NULL when every segment with bytes lies in one
-                               GPU range */
-    int device;             /* seg_dev NULL: that range's GPU ordinal */
-    uint64_t nsegs;
-    uint8_t *bad;           /* per key: a segment is GPU memory that can't be used
-                               (NULL: none is; seg_dev NULL too) */
-    int mode;               /* enum gpu_mode */
-    uint64_t stream;        /* the caller's CUstream, or 0 */
-    struct gpu_serial *serial;  /* where a PUT launches without the caller's stream: the
-                                   client's PUT streams; NULL for a GET */
-    struct gpu_stats stats;
-    int error;              /* a GPU copy failed after its frame was answered */
-};
-
-/* For a GET or PUT call: classifies every segment against the client's
- * registered ranges, and returns NULL when none is GPU memory (nor bad);
- * mode is the client's enum gpu_mode; a PUT without a stream of the
- * caller's launches on put_streams. Keys with a segment in GPU memory that is
- * unregistered, freed since it was registered, or only partly inside a
- * registered range get GDRKV_E_INVALID in results and bad[i] = 1. *rc is
- * 0, or GDRKV_E_INTERNAL when out of memory (the call can't run). */
-struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
-                                  const struct client_keys *k, struct gpu_serial *put_streams,
-                                  int *rc);
-void gpu_call_free(struct gpu_call *g);
-/* For the NIC moving GPU memory itself (rdma): waits for the work queued
- * before the call on the caller's stream, or else on the legacy default
- * stream of every GPU the call touches. 0 or GDRKV_E_INTERNAL. */
-int gpu_call_order(const struct gpu_call *g);
-
-/* A segment's GPU ordinal, or -1 for host memory. (Segments without bytes
- * of a call in one GPU range count as that GPU's: nothing is copied for
- * them either way.) */
-static inline int gpu_seg_device(const struct gpu_call *g, uint64_t seg)
-{
-    return !g ? -1 : g->seg_dev ? g->seg_dev[seg] : g->device;
-}
-
-/* Registration: whether [ptr, ptr + len) is GPU memory. 0 host (*device =
- * -1), 1 GPU (*device, *buffer_id set), GDRKV_E_INVALID when the range
- * mixes host and GPU memory or runs past its GPU allocation. */
-int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id);
-
 /* Per connection, created on first use. */
 struct gpu_conn;
 
-/* A frame starts on a connection. PUT: its GPU-sourced values are gathered
- * into staging now. GET over the socket (get_over_socket): its GPU-bound
- * segments are redirected into a staging buffer. 0 or a negative error. */
+/* A socket frame of a GPU call starts on a connection. PUT: its
+ * GPU-sourced values are gathered into staging now. GET: its GPU-bound
+ * values are to be received into a staging buffer. When the frame has GPU
+ * segments, *seg_ptrs is set to the connection's table of where the
+ * socket moves each segment of the frame (the caller's address, or its
+ * place in staging), by the call's segment index; else it is left as is.
+ * 0 or a negative error. */
 int gpu_conn_start(struct gpu_conn **gc, struct client_batch *b, const struct client_frame *f,
-                   int get_over_socket);
+                   const uint64_t **seg_ptrs);
 /* A GET frame's values are all in staging: starts their copy to the GPU
  * (waited for by the next use of that buffer, or gpu_conn_drain). */
 int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct client_frame *f);

@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "client_chunks.h"
-#include "client_gpu.h"
+#include "client_frame.h"
+#include "client_gpu_call.h"
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
@@ -320,8 +321,8 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint
                      uint64_t len)
 {
     struct client_rdma_conn *rc = arg;
-    /* rdma frames are never redirected to staging: seg_ptrs is the
-     * caller's address, GPU memory included (its MR is a dma-buf one). */
+    /* seg_ptrs is the caller's address, GPU memory included (its MR is a
+     * dma-buf one). */
     uint64_t seg_addr = rc->batch->seg_ptrs[seg] + seg_off;
     const struct rdma_region *g = region_of(rc, pool_off, len);
     const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
@@ -470,3 +471,87 @@ int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t 
     return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
 }
 
+
+/* ------------------------------------------------------------ exchanges */
+
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered over rdma: READs the objects into the caller's
+ * segments, then releases (nothing to READ, nothing to confirm). */
+static int read_leased(struct client_conn *c)
+{
+    uint64_t bytes;
+    size_t len;
+
+    int rc = client_frame_take_results(c, &bytes);
+    if (rc || bytes == 0)
+        return rc;
+    const uint8_t *lists = client_frame_chunk_lists(c, &len);
+    rc = rdma_outcome(c, client_rdma_read(c->rdma, lists, len, c->batch, c->frame));
+    if (rc == 0)
+        client_frame_send_followup(c, c->release, 0, 0, 0);
+    return rc;
+}
+
+/* The RESERVE answered over rdma: WRITEs the values of the reserved keys,
+ * then COMMITs those whose bytes all arrived. */
+static int write_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *lists;
+    uint8_t *flags;
+    size_t len;
+
+    int rc = client_frame_take_reservations(c, &flags, &lists, &len);
+    if (rc)
+        return rc;
+    rc = rdma_outcome(c, client_rdma_write(c->rdma, lists, len, b, f, flags));
+    if (rc)
+        return rc;
+    /* Reserved keys COMMIT drops make the server stop this connection's
+     * QPs (it can't know no WRITE is still coming): don't reuse it. */
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r = client_frame_key_result(c, k);
+        if (r.status == 0 && !flags[k])
+            c->rdma_broken = 1;
+    }
+    client_frame_send_followup(c, c->commit, f->count, f->count, 0);
+    return 0;
+}
+
+/* rdma GET into registered memory: READ by the NIC, then confirmed. */
+static const struct client_exchange rdma_lease = {
+    .request = GK_OP_LEASE, .answer = read_leased,
+    .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,
+};
+
+/* rdma PUT from registered memory: WRITTEN into reserved chunks, then committed. */
+static const struct client_exchange rdma_reserve = {
+    .request = GK_OP_RESERVE, .answer = write_reserved,
+    .followup = GK_OP_COMMIT, .followup_answer = client_frame_take_commit,
+};
+
+const struct client_exchange *client_rdma_exchange(const struct client_conn *c)
+{
+    uint8_t op = c->batch->opcode;
+
+    if ((op == GK_OP_GET || op == GK_OP_PUT) &&
+        client_rdma_frame_ok(c->rdma, c->batch, c->frame))
+        return op == GK_OP_GET ? &rdma_lease : &rdma_reserve;
+    return NULL;
+}

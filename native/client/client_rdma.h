@@ -112,4 +112,12 @@ int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t l
 int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                       struct client_batch *b, const struct client_frame *f, uint8_t *flags);
 
+struct client_conn;
+struct client_exchange;
+/* The rdma exchange a connection's frame takes (a GET: lease, READs,
+ * release; a PUT: reserve, WRITEs, commit) when every segment of the
+ * frame is registered, or NULL: it goes plain, on the socket. c has QPs
+ * (c->rdma set). */
+const struct client_exchange *client_rdma_exchange(const struct client_conn *c);
+
 #endif

@@ -19,9 +19,10 @@
 
 #include "client_auth.h"
 #include "client_chunks.h"
+#include "client_frame.h"
+#include "client_gpu.h"
 #include "common/common.h"
 #include "gdrkv.h"
-#include "client_gpu.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/protocol.h"
@@ -314,7 +315,7 @@ static int add_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint6
     int dev = gpu_seg_device(b->gpu, seg);
     (void)p;
     if (dev >= 0)
-        return gpu_list_add(plan->gpu, dev, b->gpu->orig[seg] + seg_off,
+        return gpu_list_add(plan->gpu, dev, b->seg_ptrs[seg] + seg_off,
                             (uint64_t)(uintptr_t)src, len);
     return gk_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
                            (size_t)len);
@@ -337,7 +338,7 @@ static int add_put_copy(const struct client_batch *b, uint64_t seg, uint64_t seg
 {
     int dev = gpu_seg_device(b->gpu, seg);
     if (dev >= 0)
-        return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->gpu->orig[seg] + seg_off,
+        return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->seg_ptrs[seg] + seg_off,
                             len);
     return gk_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
                            (size_t)len);
@@ -385,4 +386,291 @@ int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *list
     out->streamed = 1;
     return client_chunks_walk(lists, len, pool->size, b, first, count, listed, b->sizes,
                               add_reserved_copy, &plan);
+}
+
+/* ------------------------------------------------------------ exchanges */
+
+/* A followed frame's copy raises the staged word at least this often: the
+ * server's copy starts this far behind, and each raise moves the word's
+ * cache line between the two cores. */
+#define CLIENT_STAGED_PUBLISH_BYTES (32u << 10)
+
+/* Where the frame's GPU pieces are planned: *gpu, or NULL when the call
+ * has no GPU segment. GDRKV_E_INTERNAL when it can't be had. */
+static int frame_gpu_list(struct client_conn *c, struct gpu_list **gpu)
+{
+    *gpu = c->batch->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    return c->batch->gpu && !*gpu ? GDRKV_E_INTERNAL : 0;
+}
+
+/* A PUT frame's copies, planned into c->copies (host sources) and gpu:
+ * into staging, or a single-tenant pool's reservations (staging NULL).
+ * 0 when done, 1 when the GPU's part still runs, or a negative error. */
+static int run_put_copies(struct client_conn *c, struct client_staging *staging,
+                          struct gpu_list *gpu)
+{
+    struct client_batch *b = c->batch;
+    int rc = 0;
+    if (gpu)
+        rc = gpu_conn_copy_put(c->gpu, staging, c->pool, b, &c->copies, b->copier);
+    else if (c->copies.count)
+        gk_copy_run(b->copier, &c->copies);
+    gk_copy_reset(&c->copies);
+    return rc;
+}
+
+/* A PUT_STAGED frame's values, copied into the connection's staging: the
+ * GPU ones by one launch, the host ones by the CPU meanwhile. 0 when they
+ * are in place, 1 when the launch still runs, or a negative error. */
+static int stage_values(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct gpu_list *gpu;
+
+    int rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
+    if (rc == 0)
+        rc = run_put_copies(c, &c->staging, gpu);
+    gk_copy_reset(&c->copies);
+    b->shm_bytes_staged += rc < 0 ? 0 : f->payload_len;
+    return rc;
+}
+
+/* Whether a PUT_STAGED frame goes before its values (PUT_STAGED_FOLLOW):
+ * the server then reserves while this thread copies them into staging,
+ * and copies each into the pool as soon as the staged word says it is
+ * there, instead of starting only once all are. Only host values this
+ * thread copies alone, in order, can be followed: a GPU gather, or a copy
+ * shared with the helpers, fills staging out of order. And one frame of a
+ * call at a time: a following worker holds its core while this thread
+ * copies, and with every frame followed the workers of a 16-frame call
+ * held the cores that workers with frames already staged needed (64 KiB
+ * PUTs ran 2.5-3.5x slower in half the runs on a 2-core VM). The call's
+ * last frame is followed in any case: the server's copy of the frames
+ * before it overlaps this thread's copies of the next, but the last
+ * frame's copy would be the call's tail. */
+static int follows(const struct client_conn *c)
+{
+    return c->staging.staged_word && !c->batch->gpu &&
+           c->frame->payload_len < c->batch->copier->parallel_bytes &&
+           (!c->batch->follows_in_flight || !c->batch->frames_unstarted);
+}
+
+/* A PUT_STAGED frame begins: followed, its copies are only planned (they
+ * run once the request is sent, client_shm_stage_followed); else they run
+ * now, and a GPU launch among them holds the request back (GPU_WAIT) while
+ * the call's other connections go on. */
+static int begin_staged(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+
+    if (follows(c)) {
+        c->follow = FOLLOW_TO_COPY;
+        /* Read by the server only after it has the request. */
+        gk_copy_publish(c->staging.staged_word, 0);
+        return client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, NULL);
+    }
+    int rc = stage_values(c);
+    if (rc == 1)
+        c->phase = CLIENT_CONN_GPU_WAIT;
+    return GK_MIN(rc, 0);
+}
+
+/* The staging launch is done: the request goes. */
+static int staged_waited(struct client_conn *c)
+{
+    c->phase = CLIENT_CONN_SEND;
+    return 0;
+}
+
+void client_shm_stage_followed(struct client_conn *c)
+{
+    gk_copy_run_published(&c->copies, c->staging.base, c->staging.staged_word,
+                          CLIENT_STAGED_PUBLISH_BYTES);
+    gk_copy_reset(&c->copies);
+    c->batch->shm_bytes_staged += c->frame->payload_len;
+    c->batch->follows_in_flight++;
+    c->follow = FOLLOW_SENT;
+}
+
+int client_shm_send_again(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+
+    b->shm_staged_sent_again++;
+    /* c->answer is the request's answer handler, which calls this: the
+     * frame sent again is answered the same way. */
+    client_frame_expect(c, GK_OP_PUT_STAGED, c->next_req_id++, c->answer);
+    client_frame_encode(b, f, GK_OP_PUT_STAGED, c->req_id, 0);
+    c->phase = CLIENT_CONN_SEND;
+    client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, NULL, f->first, 0,
+                    b->sizes);
+    return 0;
+}
+
+/* Whether the lease is seen to hold now, after the copy: the server sets
+ * the lease word to 0 before it lets any pinned object go, and a server
+ * that died (whose pool file a new server may be writing) shows on the
+ * socket, which the kernel closes at its exit. Anything else on the socket
+ * (an answer nobody asked for) counts as not seen. */
+static int lease_seen_held(const struct client_conn *c)
+{
+    if (!c->staging.lease_word ||
+        __atomic_load_n(c->staging.lease_word, __ATOMIC_SEQ_CST) != GK_LEASE_HELD)
+        return 0;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) == 0;
+}
+
+/* The lease's copy is done (the GPU's too): the lease ends. Seen to hold,
+ * the RELEASE goes unanswered and the frame ends once it is sent; else its
+ * answer says whether the bytes were the objects'. */
+static void end_lease_copied(struct client_conn *c, uint64_t bytes)
+{
+    c->batch->shm_bytes_copied += bytes;
+    if (lease_seen_held(c)) {
+        c->batch->shm_leases_seen_held++;
+        c->unanswered = 1;
+        client_frame_send_followup(c, c->release, 0, 0, GK_RELEASE_UNANSWERED);
+    } else {
+        client_frame_send_followup(c, c->release, 0, 0, 0);
+    }
+}
+
+/* The LEASE answered over shm: copies the objects out of the pool, then
+ * releases. A lease with nothing to copy needs no confirmation; the
+ * server drops it when the next frame comes. */
+static int copy_leased(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    uint64_t bytes;
+    size_t len;
+
+    int rc = client_frame_take_results(c, &bytes);
+    if (rc)
+        return rc;
+    const uint8_t *lists = client_frame_chunk_lists(c, &len);
+    struct gpu_list *gpu;
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
+    if (rc == 0 && bytes > 0 && gpu && gpu->count) {
+        /* One launch for the frame's GPU pieces, the CPU copying the host
+         * ones meanwhile; the RELEASE goes once the kernel is done too
+         * (GPU_WAIT), and the call's other connections go on meanwhile. */
+        rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
+        gk_copy_reset(&c->copies);
+        if (rc) {
+            c->why = "GPU copy failed";
+            return rc;
+        }
+        c->leased_bytes = bytes;
+        c->phase = CLIENT_CONN_GPU_WAIT;
+        return 0;
+    } else if (rc == 0 && bytes > 0) {
+        gk_copy_run(b->copier, &c->copies);
+    }
+    gk_copy_reset(&c->copies);
+    if (gpu)
+        gpu_list_reset(gpu);
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc) {
+        c->why = "out of memory";
+        return rc;
+    }
+    if (bytes > 0)
+        end_lease_copied(c, bytes);
+    return 0;
+}
+
+/* The lease's launch is done: the bytes are the caller's, the lease ends. */
+static int leased_waited(struct client_conn *c)
+{
+    end_lease_copied(c, c->leased_bytes);
+    return 0;
+}
+
+/* The RESERVE answered on a single-tenant server: copies the values of
+ * the reserved keys into their chunks of the (writable) pool, then
+ * COMMITs them. */
+static int copy_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *lists;
+    uint8_t *flags;
+    size_t len;
+    struct gpu_list *gpu;
+
+    int rc = client_frame_take_reservations(c, &flags, &lists, &len);
+    if (rc)
+        return rc;
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = client_shm_plan_reserved(c->pool, lists, len, b, f->first, f->count, flags,
+                                      &c->copies, gpu);
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc == 0)
+        rc = run_put_copies(c, NULL, gpu);
+    if (rc < 0) {
+        gk_copy_reset(&c->copies);
+        c->why = "the values could not be copied into the pool";
+        return rc;
+    }
+    for (uint32_t k = 0; k < f->count; k++)
+        b->shm_bytes_staged += flags[k] ? b->sizes[f->first + k] : 0;
+    if (rc == 1)
+        c->phase = CLIENT_CONN_GPU_WAIT;    /* COMMIT goes once the launch is done */
+    else
+        client_frame_send_followup(c, c->commit, f->count, f->count, 0);
+    return 0;
+}
+
+/* The reservations' launch is done: COMMIT goes. */
+static int reserved_waited(struct client_conn *c)
+{
+    client_frame_send_followup(c, c->commit, c->frame->count, c->frame->count, 0);
+    return 0;
+}
+
+/* shm GET: copied out of the mapped pool, then the lease confirmed. */
+static const struct client_exchange shm_lease = {
+    .request = GK_OP_LEASE, .answer = copy_leased,
+    .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,
+    .waited = leased_waited,
+};
+
+/* shm PUT: copied into the connection's staging before the request goes,
+ * or after it with the server copying behind (follows); the server copies
+ * them into the pool, and answers as to a plain PUT. */
+static const struct client_exchange shm_staged = {
+    .request = GK_OP_PUT_STAGED, .begin = begin_staged, .answer = client_frame_take_plain,
+    .waited = staged_waited,
+};
+
+/* shm PUT, single-tenant server: copied into the reserved chunks, then committed. */
+static const struct client_exchange shm_reserve = {
+    .request = GK_OP_RESERVE, .answer = copy_reserved,
+    .followup = GK_OP_COMMIT, .followup_answer = client_frame_take_commit,
+    .waited = reserved_waited,
+};
+
+const struct client_exchange *client_shm_exchange(const struct client_conn *c)
+{
+    uint8_t op = c->batch->opcode;
+
+    if (op == GK_OP_GET)
+        return &shm_lease;
+    if (op == GK_OP_PUT && c->pool->writable)
+        return &shm_reserve;
+    if (op == GK_OP_PUT && c->staging.base && c->frame->payload_len <= c->staging.len)
+        return &shm_staged;
+    return NULL;
 }

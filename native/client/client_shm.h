@@ -16,8 +16,9 @@
 #include "client_state.h"
 #include "common/copy.h"
 
+struct client_conn;
+struct client_exchange;
 struct gpu_list;
-
 
 /* Connects to the endpoint's unix socket and maps its pool (shared with
  * the endpoint's other connections) and the connection's staging memfd
@@ -58,5 +59,17 @@ int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *list
                              const struct client_batch *b, uint32_t first, uint32_t count,
                              const uint8_t *listed, struct gk_copy_list *out,
                              struct gpu_list *gpu);
+
+/* The shm exchange a connection's frame takes (lease, staged PUT, or
+ * reserve and commit on a single-tenant server), or NULL: it goes plain,
+ * on the socket. c is a shm connection (c->pool set). */
+const struct client_exchange *client_shm_exchange(const struct client_conn *c);
+/* A followed PUT_STAGED frame's request is sent: its values are copied
+ * into staging now, the server copying behind. */
+void client_shm_stage_followed(struct client_conn *c);
+/* The server stopped following the frame (the staged word stood still
+ * while this thread was held up): its values are all in staging by now,
+ * and the frame goes again, whole, answered by the same handler. 0. */
+int client_shm_send_again(struct client_conn *c);
 
 #endif

@@ -206,6 +206,44 @@ void gpu_unregister(const void *base)
         dev_leave(cu);
 }
 
+int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    int first = -1, last = -1;
+
+    *device = -1;
+    *buffer_id = 0;
+    if (!cu || len == 0)
+        return 0;
+    int is_gpu = gk_cuda_pointer_device(ptr, &first);
+    int end_gpu = gk_cuda_pointer_device(ptr + len - 1, &last);
+    if (is_gpu < 0 || end_gpu < 0)
+        return GDRKV_E_INTERNAL;
+    if (!is_gpu && !end_gpu)
+        return 0;
+    if (!is_gpu || !end_gpu || first != last) {
+        GK_WARN("register: [%#llx, +%llu) mixes host and GPU memory",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    CUdeviceptr base = 0, end_base = 0;
+    size_t size = 0, end_size = 0;
+    if (cu->cuMemGetAddressRange(&base, &size, ptr) != GK_CUDA_SUCCESS ||
+        cu->cuMemGetAddressRange(&end_base, &end_size, ptr + len - 1) != GK_CUDA_SUCCESS ||
+        base != end_base) {
+        GK_WARN("register: [%#llx, +%llu) spans more than one GPU allocation",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    unsigned long long id = 0;
+    if (cu->cuPointerGetAttribute(&id, GK_CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) !=
+        GK_CUDA_SUCCESS)
+        return GDRKV_E_INVALID;
+    *device = first;
+    *buffer_id = id;
+    return 1;
+}
+
 int gpu_available(char *why, size_t len)
 {
     const struct gk_cuda *cu = gk_cuda();

@@ -118,6 +118,12 @@ void gpu_host_free(void *p);
 int gpu_register_shared(const void *base, size_t len, int readonly, CUdeviceptr *dptr);
 void gpu_unregister(const void *base);
 
+/* Registration's probe: whether [ptr, ptr + len) is GPU memory. 0 host
+ * (*device = -1), 1 GPU (*device, *buffer_id: CUDA's id of the allocation
+ * set), GDRKV_E_INVALID when the range mixes host and GPU memory or runs
+ * past its GPU allocation. */
+int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id);
+
 /* Whether CUDA can be used here (1) or not (0, with why). */
 int gpu_available(char *why, size_t len);
 
