@@ -187,7 +187,7 @@ int gpu_conn_received(struct gpu_conn *g, struct client_batch *b, const struct c
                            &gc->stats);
 }
 
-/* ------------------------------------------------------------ shm pool */
+/* ------------------------------------------------------------ shared mappings */
 
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -212,12 +212,6 @@ static int shared_mapped(const void *base, size_t len, int readonly, int *state,
     return now == 1;
 }
 
-static int pool_mapped(struct client_pool *pool)
-{
-    return shared_mapped(pool->base, pool->map_len, !pool->writable, &pool->gpu_state,
-                         &pool->gpu_dptr);
-}
-
 void gpu_pool_release(struct client_pool *pool)
 {
     if (pool->gpu_state == 1)
@@ -234,82 +228,51 @@ void gpu_staging_release(struct client_staging *st)
 
 /* How much of a connection's staging memfd is registered with CUDA: the
  * registration pins (and so allocates) every page of it, on every
- * connection that puts GPU values, and shm PUT frames carry at most 1 MiB
- * but for a single larger object (client_call.c). Such an object's frame,
- * when it outgrows this, is copied by the copy engines into unregistered
- * staging (the driver pins what it needs itself). */
+ * connection that puts GPU values, and shm PUT frames are cut to the
+ * host's frame size (client.c) but for a single larger object
+ * (client_call.c). Such an object's frame, when it outgrows this, is
+ * copied by the copy engines into unregistered staging (the driver pins
+ * what it needs itself). */
 #define GPU_STAGING_REGISTERED (8ull << 20)
 
-/* Whether every piece's destination lies in [base, base + len). */
-static int dsts_within(const struct gpu_list *l, uint64_t base, uint64_t len)
+/* The mapping at host address base, reached by the GPU at dptr when it
+ * is registered (mapped), else by the copy engines at base. */
+static void reach_at(struct gpu_reach *r, int mapped, const void *base, uint64_t dptr, int mode)
 {
-    for (uint32_t i = 0; i < l->count; i++)
-        if (l->pieces[i].dst < base || l->pieces[i].dst - base + l->pieces[i].len > len)
-            return 0;
-    return 1;
+    r->base = mapped ? dptr : (uint64_t)(uintptr_t)base;
+    r->mode = mapped ? mode : GPU_MODE_COPY_ENGINE;
+    r->resolved = 1;
 }
 
-/* Moves the pieces of g->list (host addresses inside [base, base + len),
- * mapped as *dptr) to where the GPU reaches them, or returns the mode
- * that works without: the copy engines, which stage pageable memory
- * themselves. */
-static int to_device(struct gpu_conn *g, int mode, int mapped, uint64_t base, uint64_t dptr,
-                     int dst_side)
+void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g)
 {
-    if (!mapped)
-        return GPU_MODE_COPY_ENGINE;
-    for (uint32_t i = 0; i < g->list.count; i++) {
-        uint64_t *at = dst_side ? &g->list.pieces[i].dst : &g->list.pieces[i].src;
-        *at = dptr + (*at - base);
+    struct client_pool *pool = r->pool;
+    struct client_staging *st = r->staging;
+    /* shared_mapped sets the device address before it says mapped: read
+     * it after. */
+    if (pool) {
+        int mapped = shared_mapped(pool->base, pool->map_len, !pool->writable,
+                                   &pool->gpu_state, &pool->gpu_dptr);
+        reach_at(r, mapped, pool->base, pool->gpu_dptr, g->mode);
+        return;
     }
-    return mode;
+    uint64_t len = GK_MIN(st->len, GPU_STAGING_REGISTERED);
+    int mapped = r->frame_bytes <= len &&
+                 shared_mapped(st->base, len, 0, &st->gpu_state, &st->gpu_dptr);
+    reach_at(r, mapped, st->base, st->gpu_dptr, g->mode);
 }
 
-/* Launches g->list, whose host side is [base, ...) mapped at dptr (or,
- * not mapped, left to the copy engines), while the CPU runs the host
- * copies. Callers find mapped before reading dptr: finding it sets it. */
-static int launch_beside_host(struct gpu_conn *g, struct gpu_call *gc, int mapped,
-                              uint64_t base, uint64_t dptr, int dst_side,
-                              const struct gk_copy_list *host, struct gk_copier *copier)
+int gpu_conn_copy_shared(struct gpu_conn *g, struct client_batch *b, int mode,
+                         const struct gk_copy_list *host, struct gk_copier *copier)
 {
+    struct gpu_call *gc = b->gpu;
+    int launched = g->list.count > 0;
     int rc = 0;
-    if (g->list.count) {
-        int mode = to_device(g, gc->mode, mapped, base, dptr, dst_side);
+    if (launched)
         rc = gpu_slot_launch(&g->slots[0], &g->list, mode, gc->stream, gc->serial, &gc->stats);
-    }
     if (host->count)
         gk_copy_run(copier, host);
     gpu_list_reset(&g->list);
-    return rc;
-}
-
-int gpu_conn_copy_leased(struct gpu_conn *g, struct client_pool *pool, struct client_batch *b,
-                         const struct gk_copy_list *host, struct gk_copier *copier)
-{
-    int mapped = pool_mapped(pool);
-    return launch_beside_host(g, b->gpu, mapped, (uint64_t)(uintptr_t)pool->base,
-                              pool->gpu_dptr, 0, host, copier);
-}
-
-int gpu_conn_copy_put(struct gpu_conn *g, struct client_staging *staging,
-                      struct client_pool *pool, struct client_batch *b,
-                      const struct gk_copy_list *host, struct gk_copier *copier)
-{
-    int launched = g->list.count > 0;
-    uint64_t base, dptr;
-    int mapped;
-    if (staging) {
-        base = (uint64_t)(uintptr_t)staging->base;
-        uint64_t len = GK_MIN(staging->len, GPU_STAGING_REGISTERED);
-        mapped = launched && dsts_within(&g->list, base, len) &&
-                 shared_mapped(staging->base, len, 0, &staging->gpu_state, &staging->gpu_dptr);
-        dptr = staging->gpu_dptr;
-    } else {
-        base = (uint64_t)(uintptr_t)pool->base;
-        mapped = launched && pool_mapped(pool);
-        dptr = pool->gpu_dptr;
-    }
-    int rc = launch_beside_host(g, b->gpu, mapped, base, dptr, 1, host, copier);
     return rc ? rc : launched;
 }
 

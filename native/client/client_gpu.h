@@ -54,23 +54,35 @@ int gpu_conn_start(struct gpu_conn **gc, struct client_batch *b, const struct cl
 /* A GET frame's values are all in staging: starts their copy to the GPU
  * (waited for by the next use of that buffer, or gpu_conn_drain). */
 int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct client_frame *f);
-/* Where a LEASE's GPU-bound pieces are planned (dst: GPU, src: pool). */
+/* Where a shm frame's GPU pieces are planned. */
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
-/* Starts a LEASE's copies: the GPU list by one launch, the host pieces by
- * the CPU meanwhile; returns when the host ones are done and the launch is
- * queued. gpu_conn_copy_done then says when the GPU is done too, so the
- * call's other connections move on while the kernel runs. */
-int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct client_batch *b,
+/* Where the GPU reaches a shared mapping (the pool, or a connection's
+ * staging memfd) for one frame's pieces: the GPU side of a piece at
+ * offset off of the mapping is base + off, and mode is how its launch
+ * copies. Resolved at the frame's first GPU piece, so the pieces are
+ * planned once, already addressed for the GPU: a mapping registered with
+ * CUDA (on its first GPU copy, once per mapping) is reached at its device
+ * address with the call's mode; one that is not, or staging of a frame
+ * past its registered part, at its host address by the copy engines,
+ * which stage pageable memory themselves. */
+struct gpu_reach {
+    struct client_pool *pool;       /* the mapping: the pool, or else */
+    struct client_staging *staging; /* ...the connection's staging, for */
+    uint64_t frame_bytes;           /* ...a frame of this many bytes */
+    int resolved;
+    uint64_t base;
+    int mode;                       /* enum gpu_mode */
+};
+void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g);
+
+/* Starts a frame's copies between the caller's segments and a shared
+ * mapping: the list (gpu_conn_list, addressed as gpu_reach says) by one
+ * launch in mode, the host pieces by the CPU meanwhile. Returns when the
+ * host ones are done: 0 when there was nothing to launch, 1 when
+ * gpu_conn_copy_done must say when the GPU is done too (the call's other
+ * connections move on meanwhile), or a negative error. */
+int gpu_conn_copy_shared(struct gpu_conn *gc, struct client_batch *b, int mode,
                          const struct gk_copy_list *host, struct gk_copier *copier);
-/* Starts a PUT frame's copies into shared memory: the list (gpu_conn_list)
- * into the staging memfd (staging set) or a single-tenant pool's
- * reservations (staging NULL) by one launch, the host pieces by the CPU
- * meanwhile. Returns when the host ones are done: 0 when there was
- * nothing to launch, 1 when gpu_conn_copy_done must say when the GPU is
- * done too (the frame goes then), or a negative error. */
-int gpu_conn_copy_put(struct gpu_conn *gc, struct client_staging *staging,
-                      struct client_pool *pool, struct client_batch *b,
-                      const struct gk_copy_list *host, struct gk_copier *copier);
 /* 1 when the connection's launch (a LEASE's, or a PUT's) finished, 0
  * while it runs, or an error. */
 int gpu_conn_copy_done(struct gpu_conn *gc);

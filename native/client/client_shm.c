@@ -298,94 +298,103 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
 
 /* ------------------------------------------------------------ copies */
 
+/* A frame's copies between the caller's segments and one shared mapping
+ * (the pool, or the connection's staging), planned in one pass: each
+ * piece goes to the CPU's list, or for a GPU segment to the frame's
+ * launch, already addressed as the GPU reaches the mapping. */
 struct shm_plan {
     const struct client_batch *b;
-    const struct client_pool *pool;
+    uint8_t *host;              /* the mapping, as the CPU reaches it */
+    int to_caller;              /* GET: mapping -> segments; PUT: the other way */
     struct gk_copy_list *out;
     struct gpu_list *gpu;
+    struct gpu_reach *reach;    /* resolved at the frame's first GPU piece */
 };
 
-/* Host destinations become CPU copies; GPU ones go to the frame's launch. */
-static int add_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
-                    uint64_t len)
+/* The one place a piece's copy is given to the CPU or the GPU: between
+ * offset off of the mapping and the caller's segment seg, at seg_off. */
+static int add_piece(struct shm_plan *pl, uint64_t seg, uint64_t seg_off, uint64_t off,
+                     uint64_t len)
 {
-    struct shm_plan *plan = arg;
-    const struct client_batch *b = plan->b;
-    const uint8_t *src = plan->pool->base + pool_off;
+    const struct client_batch *b = pl->b;
+    uint64_t caller = b->seg_ptrs[seg] + seg_off;
     int dev = gpu_seg_device(b->gpu, seg);
+
+    if (dev < 0) {
+        uint8_t *shared = pl->host + off, *mine = (uint8_t *)(uintptr_t)caller;
+        return pl->to_caller ? gk_copy_add(pl->out, mine, shared, (size_t)len)
+                             : gk_copy_add(pl->out, shared, mine, (size_t)len);
+    }
+    if (!pl->reach->resolved)
+        gpu_reach_resolve(pl->reach, b->gpu);
+    uint64_t shared = pl->reach->base + off;
+    return pl->to_caller ? gpu_list_add(pl->gpu, dev, caller, shared, len)
+                         : gpu_list_add(pl->gpu, dev, shared, caller, len);
+}
+
+/* A piece of a LEASE's or RESERVE's chunk lists, laid over a segment. */
+static int add_listed(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
+                      uint64_t len)
+{
     (void)p;
-    if (dev >= 0)
-        return gpu_list_add(plan->gpu, dev, b->seg_ptrs[seg] + seg_off,
-                            (uint64_t)(uintptr_t)src, len);
-    return gk_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
-                           (size_t)len);
+    return add_piece(arg, seg, seg_off, pool_off, len);
 }
 
-int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                    const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct gk_copy_list *out, struct gpu_list *gpu)
+/* The copies a LEASE answer describes for the frame's keys: lists/len are
+ * the chunk lists after the results, and keys whose result is a hit
+ * (b->got[p] bytes) have one each. Every length and offset is checked
+ * against the pool and the destination first. 0 or GDRKV_E_PROTOCOL
+ * (malformed) / GDRKV_E_INTERNAL (out of memory). */
+static int plan_leased(struct client_conn *c, const uint8_t *lists, size_t len,
+                       struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    struct shm_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
-    return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
-                              &plan);
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .to_caller = 1,
+                            .out = &c->copies, .gpu = gpu, .reach = reach};
+    *reach = (struct gpu_reach){.pool = c->pool};
+    return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, NULL, b->got,
+                              add_listed, &plan);
 }
 
-/* One PUT piece, from the caller's segment to dst (in staging or the
- * pool): host sources become CPU copies, GPU ones go to the launch. */
-static int add_put_copy(const struct client_batch *b, uint64_t seg, uint64_t seg_off,
-                        uint8_t *dst, uint64_t len, struct gk_copy_list *out,
-                        struct gpu_list *gpu)
+/* A PUT_STAGED frame's copies: its values into staging from offset 0, in
+ * order, as a PUT payload lays them out (the frame's payload fits: the
+ * exchange was chosen so). 0, or GDRKV_E_INTERNAL (out of memory). */
+static int plan_staged(struct client_conn *c, struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    int dev = gpu_seg_device(b->gpu, seg);
-    if (dev >= 0)
-        return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->seg_ptrs[seg] + seg_off,
-                            len);
-    return gk_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
-                           (size_t)len);
-}
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = c->staging.base, .out = &c->copies, .gpu = gpu,
+                            .reach = reach};
+    uint64_t off = 0;
 
-int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
-                           uint32_t first, uint32_t count, struct gk_copy_list *out,
-                           struct gpu_list *gpu)
-{
-    uint8_t *dst = st->base;
-    for (uint32_t p = first; p < first + count; p++) {
+    *reach = (struct gpu_reach){.staging = &c->staging, .frame_bytes = f->payload_len};
+    for (uint32_t p = f->first; p < f->first + f->count; p++) {
         uint64_t seg = b->first_seg[p];
         for (uint32_t k = 0; k < b->seg_counts[b->index[p]]; k++, seg++) {
-            if (b->seg_lens[seg] &&
-                add_put_copy(b, seg, 0, dst, b->seg_lens[seg], out, gpu))
+            if (b->seg_lens[seg] && add_piece(&plan, seg, 0, off, b->seg_lens[seg]))
                 return GDRKV_E_INTERNAL;
-            dst += b->seg_lens[seg];
+            off += b->seg_lens[seg];
         }
     }
     return 0;
 }
 
-struct reserve_plan {
-    const struct client_batch *b;
-    const struct client_pool *pool;
-    struct gk_copy_list *out;
-    struct gpu_list *gpu;
-};
-
-static int add_reserved_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off,
-                             uint64_t pool_off, uint64_t len)
+/* Single-tenant: a RESERVE answer's copies, the values of the keys with
+ * listed[k] set into their reserved chunks of the writable pool, checked
+ * as plan_leased checks. */
+static int plan_reserved(struct client_conn *c, const uint8_t *lists, size_t len,
+                         const uint8_t *listed, struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    struct reserve_plan *plan = arg;
-    (void)p;
-    return add_put_copy(plan->b, seg, seg_off, (uint8_t *)plan->pool->base + pool_off, len,
-                        plan->out, plan->gpu);
-}
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .out = &c->copies,
+                            .gpu = gpu, .reach = reach};
 
-int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                             const struct client_batch *b, uint32_t first, uint32_t count,
-                             const uint8_t *listed, struct gk_copy_list *out,
-                             struct gpu_list *gpu)
-{
-    struct reserve_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
-    out->streamed = 1;
-    return client_chunks_walk(lists, len, pool->size, b, first, count, listed, b->sizes,
-                              add_reserved_copy, &plan);
+    *reach = (struct gpu_reach){.pool = c->pool};
+    c->copies.streamed = 1;
+    return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, listed, b->sizes,
+                              add_listed, &plan);
 }
 
 /* ------------------------------------------------------------ exchanges */
@@ -403,16 +412,16 @@ static int frame_gpu_list(struct client_conn *c, struct gpu_list **gpu)
     return c->batch->gpu && !*gpu ? GDRKV_E_INTERNAL : 0;
 }
 
-/* A PUT frame's copies, planned into c->copies (host sources) and gpu:
- * into staging, or a single-tenant pool's reservations (staging NULL).
- * 0 when done, 1 when the GPU's part still runs, or a negative error. */
-static int run_put_copies(struct client_conn *c, struct client_staging *staging,
-                          struct gpu_list *gpu)
+/* A PUT frame's copies, planned into c->copies (host sources) and gpu
+ * (reaching staging or the pool as reach says). 0 when done, 1 when the
+ * GPU's part still runs, or a negative error. */
+static int run_put_copies(struct client_conn *c, struct gpu_list *gpu,
+                          const struct gpu_reach *reach)
 {
     struct client_batch *b = c->batch;
     int rc = 0;
     if (gpu)
-        rc = gpu_conn_copy_put(c->gpu, staging, c->pool, b, &c->copies, b->copier);
+        rc = gpu_conn_copy_shared(c->gpu, b, reach->mode, &c->copies, b->copier);
     else if (c->copies.count)
         gk_copy_run(b->copier, &c->copies);
     gk_copy_reset(&c->copies);
@@ -427,12 +436,13 @@ static int stage_values(struct client_conn *c)
     struct client_batch *b = c->batch;
     const struct client_frame *f = c->frame;
     struct gpu_list *gpu;
+    struct gpu_reach reach;
 
     int rc = frame_gpu_list(c, &gpu);
     if (rc == 0)
-        rc = client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, gpu);
+        rc = plan_staged(c, gpu, &reach);
     if (rc == 0)
-        rc = run_put_copies(c, &c->staging, gpu);
+        rc = run_put_copies(c, gpu, &reach);
     gk_copy_reset(&c->copies);
     b->shm_bytes_staged += rc < 0 ? 0 : f->payload_len;
     return rc;
@@ -464,14 +474,13 @@ static int follows(const struct client_conn *c)
  * the call's other connections go on. */
 static int begin_staged(struct client_conn *c)
 {
-    struct client_batch *b = c->batch;
-    const struct client_frame *f = c->frame;
+    struct gpu_reach none;
 
     if (follows(c)) {
         c->follow = FOLLOW_TO_COPY;
         /* Read by the server only after it has the request. */
         gk_copy_publish(c->staging.staged_word, 0);
-        return client_shm_plan_staged(&c->staging, b, f->first, f->count, &c->copies, NULL);
+        return plan_staged(c, NULL, &none);    /* host values only */
     }
     int rc = stage_values(c);
     if (rc == 1)
@@ -547,7 +556,6 @@ static void end_lease_copied(struct client_conn *c, uint64_t bytes)
 static int copy_leased(struct client_conn *c)
 {
     struct client_batch *b = c->batch;
-    const struct client_frame *f = c->frame;
     uint64_t bytes;
     size_t len;
 
@@ -556,16 +564,17 @@ static int copy_leased(struct client_conn *c)
         return rc;
     const uint8_t *lists = client_frame_chunk_lists(c, &len);
     struct gpu_list *gpu;
+    struct gpu_reach reach;
     rc = frame_gpu_list(c, &gpu);
     if (rc == 0)
-        rc = client_shm_plan(c->pool, lists, len, b, f->first, f->count, &c->copies, gpu);
+        rc = plan_leased(c, lists, len, gpu, &reach);
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
          * ones meanwhile; the RELEASE goes once the kernel is done too
          * (GPU_WAIT), and the call's other connections go on meanwhile. */
-        rc = gpu_conn_copy_leased(c->gpu, c->pool, b, &c->copies, b->copier);
+        rc = gpu_conn_copy_shared(c->gpu, b, reach.mode, &c->copies, b->copier);
         gk_copy_reset(&c->copies);
-        if (rc) {
+        if (rc < 0) {
             c->why = "GPU copy failed";
             return rc;
         }
@@ -607,18 +616,18 @@ static int copy_reserved(struct client_conn *c)
     uint8_t *flags;
     size_t len;
     struct gpu_list *gpu;
+    struct gpu_reach reach;
 
     int rc = client_frame_take_reservations(c, &flags, &lists, &len);
     if (rc)
         return rc;
     rc = frame_gpu_list(c, &gpu);
     if (rc == 0)
-        rc = client_shm_plan_reserved(c->pool, lists, len, b, f->first, f->count, flags,
-                                      &c->copies, gpu);
+        rc = plan_reserved(c, lists, len, flags, gpu, &reach);
     if (rc == GDRKV_E_PROTOCOL)
         return client_frame_broken(c, "bad chunk lists");
     if (rc == 0)
-        rc = run_put_copies(c, NULL, gpu);
+        rc = run_put_copies(c, gpu, &reach);
     if (rc < 0) {
         gk_copy_reset(&c->copies);
         c->why = "the values could not be copied into the pool";

@@ -105,14 +105,22 @@ static int enter_any(const struct gk_cuda *cu, int *pushed)
 
 /* ------------------------------------------------------------ lists */
 
+static uint64_t units_of(uint64_t len)
+{
+    return (len + GPU_UNIT_BYTES - 1) / GPU_UNIT_BYTES;
+}
+
 int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len)
 {
     if (len == 0)
         return 0;
+    if (dev < 0 || dev >= GPU_MAX_DEVICES)
+        return GDRKV_E_INTERNAL;
     if (l->count) {
         struct gpu_piece *last = &l->pieces[l->count - 1];
         if (last->dev == dev && last->dst + last->len == dst && last->src + last->len == src &&
             last->len + len <= GK_MAX_OBJECT) {
+            l->units += units_of(last->len + len) - units_of(last->len);
             last->len += len;
             l->bytes += len;
             return 0;
@@ -122,6 +130,8 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
         return GDRKV_E_INTERNAL;
     l->pieces[l->count++] = (struct gpu_piece){.dst = dst, .src = src, .len = len, .dev = dev};
     l->bytes += len;
+    l->units += units_of(len);
+    l->devices |= 1u << dev;
     return 0;
 }
 
@@ -131,6 +141,8 @@ void gpu_list_reset(struct gpu_list *l)
         gpu_list_free(l);
     l->count = 0;
     l->bytes = 0;
+    l->units = 0;
+    l->devices = 0;
 }
 
 void gpu_list_free(struct gpu_list *l)
@@ -296,11 +308,6 @@ static int grow_ce(struct gpu_slot *s, uint64_t n)
     return 0;
 }
 
-static uint64_t units_of(uint64_t len)
-{
-    return (len + GPU_UNIT_BYTES - 1) / GPU_UNIT_BYTES;
-}
-
 /* One kernel launch for the pieces of device dev; descriptors from
  * s->descs[first]. Returns the units written, or a negative error. */
 static int64_t launch_kernel(const struct gk_cuda *cu, const struct gpu_dev *d,
@@ -448,26 +455,17 @@ int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint
                     struct gpu_serial *serial, struct gpu_stats *stats)
 {
     const struct gk_cuda *cu = gk_cuda();
-    uint32_t devices = 0;
-    uint64_t units = 0;
 
     if (!cu)
         return GDRKV_E_INTERNAL;
     int rc = gpu_slot_wait(s);
     if (rc)
         return rc;
-    for (uint32_t i = 0; i < l->count; i++) {
-        const struct gpu_piece *p = &l->pieces[i];
-        if (p->dev < 0 || p->dev >= GPU_MAX_DEVICES)
-            return GDRKV_E_INTERNAL;
-        devices |= 1u << p->dev;
-        units += units_of(p->len);
-    }
-    if (use_copy_engine(mode, l) ? grow_ce(s, l->count) : grow_descs(s, units))
+    if (use_copy_engine(mode, l) ? grow_ce(s, l->count) : grow_descs(s, l->units))
         return GDRKV_E_INTERNAL;
     uint64_t first_unit = 0;
     for (int dev = 0; dev < GPU_MAX_DEVICES && !rc; dev++)
-        if (devices & (1u << dev))
+        if (l->devices & (1u << dev))
             rc = launch_dev(cu, s, l, dev, mode, stream, serial, &first_unit, stats);
     if (!rc)
         stats->bytes += l->bytes;

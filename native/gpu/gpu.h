@@ -44,14 +44,18 @@ struct gpu_piece {
     int dev;                /* the device whose context runs the copy */
 };
 
+/* Kept as pieces are added, so that a launch walks the pieces only once,
+ * to write what it hands the GPU. */
 struct gpu_list {
     struct gpu_piece *pieces;
     uint32_t count, cap;
     uint64_t bytes;
+    uint64_t units;         /* kernel units (GPU_UNIT_BYTES) the pieces are cut into */
+    uint32_t devices;       /* bit d: a piece runs on device d */
 };
 
 /* Appends a piece (merged into the previous one when both ends continue
- * it); 0 or GDRKV_E_INTERNAL. */
+ * it); 0, or GDRKV_E_INTERNAL (out of memory, or dev not a device). */
 int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len);
 void gpu_list_reset(struct gpu_list *l);
 void gpu_list_free(struct gpu_list *l);
