@@ -276,13 +276,13 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
 short client_conn_events(const struct client_conn *c)
 {
     return c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_CONNECTING ? POLLOUT
-           : c->phase == CLIENT_CONN_GPU_WAIT                              ? 0
+           : c->phase == CLIENT_CONN_WAIT                              ? 0
                                                                            : POLLIN;
 }
 
 int client_conn_busy(const struct client_conn *c)
 {
-    return c->phase == CLIENT_CONN_GPU_WAIT;
+    return c->phase == CLIENT_CONN_WAIT;
 }
 
 /* ------------------------------------------------------------ failures */
@@ -382,6 +382,10 @@ static int take_header(struct client_conn *c)
     }
     /* STATS text, error messages and RDMA_HELLO's answer may outgrow the
      * frame buffer; the GK_MAX_BODY check above bounds this allocation. */
+    /* The last answer's body was kept for the step after its handler (an
+     * rdma WAIT's handler reads the RESERVE's results). */
+    free(c->body_heap);
+    c->body_heap = NULL;
     if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
         c->body_heap = malloc(h->body_len);
         if (!c->body_heap) {
@@ -425,16 +429,13 @@ static int take_request_answer(struct client_conn *c)
 
 /* ------------------------------------------------------------ waits */
 
-/* The frame's launch: once it is done, the exchange says what follows
- * (a LEASE's RELEASE, a PUT_STAGED's request, a RESERVE's COMMIT). */
-static int wait_gpu(struct client_conn *c)
+/* The exchange's asynchronous step (a GPU launch, rdma READs or WRITEs),
+ * polled: once it is over, the exchange says what follows (a LEASE's
+ * RELEASE, a PUT_STAGED's request, a RESERVE's COMMIT). */
+static int wait_step(struct client_conn *c)
 {
-    int rc = gpu_conn_copy_done(c->gpu);
-    if (rc < 0) {
-        c->why = "GPU copy failed";
-        return rc;
-    }
-    return rc == 0 ? 0 : c->ex->waited(c);
+    int rc = c->ex->poll(c);
+    return rc == 1 ? c->ex->waited(c) : rc;
 }
 
 /* The RDMA_HELLO answer connects the QPs. When the server has no rdma (or
@@ -467,11 +468,9 @@ static int take_hello(struct client_conn *c)
 static int take_body(struct client_conn *c)
 {
     int rc = c->answer(c);
-    free(c->body_heap);
-    c->body_heap = NULL;
     if (rc)
         return rc;
-    if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_GPU_WAIT)
+    if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_WAIT)
         return 0;       /* a follow-up goes next (after RDMA_HELLO: the frame) */
     /* Only a GET has a payload, and client_frame_take_plain has set up its stream. */
     if (c->resp.status || c->resp.payload_len == 0)
@@ -533,7 +532,7 @@ static int run_phase(struct client_conn *c)
 {
     switch (c->phase) {
     case CLIENT_CONN_CONNECTING: return finish_connect(c);
-    case CLIENT_CONN_GPU_WAIT: return wait_gpu(c);
+    case CLIENT_CONN_WAIT: return wait_step(c);
     case CLIENT_CONN_SEND: return send_request(c);
     case CLIENT_CONN_RECV_HEAD: return recv_head(c);
     case CLIENT_CONN_RECV_PAYLOAD: return recv_payload(c);

@@ -47,8 +47,9 @@ enum client_conn_phase {
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body (rdma: first RDMA_HELLO's) */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
-    CLIENT_CONN_GPU_WAIT        /* shm: a frame's launch runs; then RELEASE (LEASE), the
-                                   request (PUT_STAGED) or COMMIT (RESERVE) goes */
+    CLIENT_CONN_WAIT            /* an exchange's asynchronous step runs (shm: a GPU
+                                   launch; rdma: READs or WRITEs), polled; then
+                                   RELEASE, COMMIT or the PUT_STAGED request goes */
 };
 
 /* A PUT_STAGED frame the server follows (client_shm.c, follows()). */
@@ -98,9 +99,10 @@ struct client_conn {
     int resp_decoded;
     size_t got;                 /* response header + body bytes received */
     uint8_t *body;              /* where the response body goes */
-    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
+    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer (kept until
+                                   the next answer: a WAIT step may read it) */
     const char *why;            /* what failed, for the log */
-    uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
+    uint64_t leased_bytes;      /* WAIT: a shm LEASE's bytes, counted once copied */
     int unanswered;             /* the request being sent gets no answer: it ends the frame */
     enum client_conn_follow follow;
     struct client_iov io;

@@ -27,14 +27,17 @@ struct client_exchange {
     /* Puts the frame's values in place before its request goes: 0, or a
      * negative error that fails the frame. It may set c->follow (the
      * request goes first, its values after it) or enter
-     * CLIENT_CONN_GPU_WAIT (the request goes once the launch is done).
+     * CLIENT_CONN_WAIT (the request goes once the launch is done).
      * NULL: nothing to do. */
     int (*begin)(struct client_conn *c);
     int (*answer)(struct client_conn *c);   /* the request's success answer */
     uint8_t followup;       /* 0: the answer ends the frame */
     int (*followup_answer)(struct client_conn *c);
-    /* What follows the asynchronous step an answer started (a GPU launch,
-     * CLIENT_CONN_GPU_WAIT) once it is done. NULL: no such step. */
+    /* The asynchronous step an answer (or begin) started, entering
+     * CLIENT_CONN_WAIT: a GPU launch, rdma READs or WRITEs. poll says
+     * whether it is over (1), still runs (0) or failed (negative); waited
+     * then does what follows. NULL: the exchange has no such step. */
+    int (*poll)(struct client_conn *c);
     int (*waited)(struct client_conn *c);
     /* A GET's payload is all in from the socket: 0 or a negative error.
      * NULL: nothing to do. */

@@ -470,7 +470,7 @@ static int follows(const struct client_conn *c)
 
 /* A PUT_STAGED frame begins: followed, its copies are only planned (they
  * run once the request is sent, client_shm_stage_followed); else they run
- * now, and a GPU launch among them holds the request back (GPU_WAIT) while
+ * now, and a GPU launch among them holds the request back (WAIT) while
  * the call's other connections go on. */
 static int begin_staged(struct client_conn *c)
 {
@@ -484,7 +484,7 @@ static int begin_staged(struct client_conn *c)
     }
     int rc = stage_values(c);
     if (rc == 1)
-        c->phase = CLIENT_CONN_GPU_WAIT;
+        c->phase = CLIENT_CONN_WAIT;
     return GK_MIN(rc, 0);
 }
 
@@ -571,7 +571,7 @@ static int copy_leased(struct client_conn *c)
     if (rc == 0 && bytes > 0 && gpu && gpu->count) {
         /* One launch for the frame's GPU pieces, the CPU copying the host
          * ones meanwhile; the RELEASE goes once the kernel is done too
-         * (GPU_WAIT), and the call's other connections go on meanwhile. */
+         * (WAIT), and the call's other connections go on meanwhile. */
         rc = gpu_conn_copy_shared(c->gpu, b, reach.mode, &c->copies, b->copier);
         gk_copy_reset(&c->copies);
         if (rc < 0) {
@@ -579,7 +579,7 @@ static int copy_leased(struct client_conn *c)
             return rc;
         }
         c->leased_bytes = bytes;
-        c->phase = CLIENT_CONN_GPU_WAIT;
+        c->phase = CLIENT_CONN_WAIT;
         return 0;
     } else if (rc == 0 && bytes > 0) {
         gk_copy_run(b->copier, &c->copies);
@@ -636,7 +636,7 @@ static int copy_reserved(struct client_conn *c)
     for (uint32_t k = 0; k < f->count; k++)
         b->shm_bytes_staged += flags[k] ? b->sizes[f->first + k] : 0;
     if (rc == 1)
-        c->phase = CLIENT_CONN_GPU_WAIT;    /* COMMIT goes once the launch is done */
+        c->phase = CLIENT_CONN_WAIT;    /* COMMIT goes once the launch is done */
     else
         client_frame_send_followup(c, c->commit, f->count, f->count, 0);
     return 0;
@@ -649,11 +649,20 @@ static int reserved_waited(struct client_conn *c)
     return 0;
 }
 
+/* The frame's launch, polled. */
+static int poll_launch(struct client_conn *c)
+{
+    int rc = gpu_conn_copy_done(c->gpu);
+    if (rc < 0)
+        c->why = "GPU copy failed";
+    return rc;
+}
+
 /* shm GET: copied out of the mapped pool, then the lease confirmed. */
 static const struct client_exchange shm_lease = {
     .request = GK_OP_LEASE, .answer = copy_leased,
     .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,
-    .waited = leased_waited,
+    .poll = poll_launch, .waited = leased_waited,
 };
 
 /* shm PUT: copied into the connection's staging before the request goes,
@@ -661,14 +670,14 @@ static const struct client_exchange shm_lease = {
  * them into the pool, and answers as to a plain PUT. */
 static const struct client_exchange shm_staged = {
     .request = GK_OP_PUT_STAGED, .begin = begin_staged, .answer = client_frame_take_plain,
-    .waited = staged_waited,
+    .poll = poll_launch, .waited = staged_waited,
 };
 
 /* shm PUT, single-tenant server: copied into the reserved chunks, then committed. */
 static const struct client_exchange shm_reserve = {
     .request = GK_OP_RESERVE, .answer = copy_reserved,
     .followup = GK_OP_COMMIT, .followup_answer = client_frame_take_commit,
-    .waited = reserved_waited,
+    .poll = poll_launch, .waited = reserved_waited,
 };
 
 const struct client_exchange *client_shm_exchange(const struct client_conn *c)

@@ -9,6 +9,9 @@
  * (the shm pool, staging buffers). Work runs in the primary context of
  * the device of its pieces, pushed around each step so the caller's own
  * current context is left as it was.
+ *
+ * The wing's files: cuda.c (the driver table), gpu.c (this header), and
+ * gpu_api.c (the public gdrkv_gpu_* functions, with their globals).
  */
 #ifndef GDRKV_GPU_H
 #define GDRKV_GPU_H
