@@ -381,9 +381,8 @@ static int take_header(struct client_conn *c)
             return client_frame_broken(c, "payload on an op that has none");
     }
     /* STATS text, error messages and RDMA_HELLO's answer may outgrow the
-     * frame buffer; the GK_MAX_BODY check above bounds this allocation. */
-    /* The last answer's body was kept for the step after its handler (an
-     * rdma WAIT's handler reads the RESERVE's results). */
+     * frame buffer; the GK_MAX_BODY check above bounds this allocation.
+     * A body kept for a WAIT step (take_body) goes now. */
     free(c->body_heap);
     c->body_heap = NULL;
     if (h->body_len > c->frame->buf_cap - GK_HDR_SIZE) {
@@ -468,6 +467,12 @@ static int take_hello(struct client_conn *c)
 static int take_body(struct client_conn *c)
 {
     int rc = c->answer(c);
+    /* The body is kept for a WAIT step, whose waited handler may read it
+     * (an rdma RESERVE's results). */
+    if (c->phase != CLIENT_CONN_WAIT) {
+        free(c->body_heap);
+        c->body_heap = NULL;
+    }
     if (rc)
         return rc;
     if (c->phase == CLIENT_CONN_SEND || c->phase == CLIENT_CONN_WAIT)

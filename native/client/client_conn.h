@@ -99,8 +99,8 @@ struct client_conn {
     int resp_decoded;
     size_t got;                 /* response header + body bytes received */
     uint8_t *body;              /* where the response body goes */
-    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer (kept until
-                                   the next answer: a WAIT step may read it) */
+    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer (kept
+                                   through a WAIT step, which may read it) */
     const char *why;            /* what failed, for the log */
     uint64_t leased_bytes;      /* WAIT: a shm LEASE's bytes, counted once copied */
     int unanswered;             /* the request being sent gets no answer: it ends the frame */
