@@ -16,7 +16,6 @@
 
 #include "client.h"
 #include "client_call.h"
-#include "client_gpu.h"
 #include "client_rdma.h"
 #include "client_server.h"
 #include "common/net.h"

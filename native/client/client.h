@@ -7,11 +7,16 @@
  *   client_call.c     plan: a call -> checked, routed, striped keys -> jobs and frames
  *   client_run.c      run: connections for the jobs, the one poll loop, outcomes
  *   client_server.c   server: its endpoint, idle connections, health and backoff
- *   client_conn.c     conn: one connection's frames, the exchange chosen per frame
- *   client_shm.c      shm: unix socket, HELLO, pool mapping, lease copy plans
- *                     (the copies themselves: common/copy.c)
- *   client_rdma.c     rdma: device, MRs, QPs per connection, READs and WRITEs
- *   client_gpu.c      gpu: GPU segments of a call, staging, copy launches
+ *   client_conn.c     conn: connect, send, receive, header checks; the exchange
+ *                     chosen per frame from its transport's, the plain one here
+ *   client_shm.c      shm: unix socket, HELLO, pool mapping, the shm exchanges
+ *                     and their copy plans (the copies themselves: common/copy.c)
+ *   client_rdma.c     rdma: device, MRs, QPs per connection, the rdma exchanges,
+ *                     READs and WRITEs stepped by the poll loop
+ *   client_frame.c    what every exchange is built from: the exchange row, request
+ *                     encoding, results and chunk lists of answers, follow-ups
+ *   client_gpu.c      gpu: a connection's GPU staging, per-frame table, launches
+ *   client_gpu_call.c gpu: which segments of a call are GPU memory
  *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments
  *   client_iov.c      a frame's bytes as iovec windows over caller segments
  *   client_regions.c  registered memory ranges

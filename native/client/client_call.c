@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_gpu.h"
+#include "client_gpu_call.h"
 #include "client_run.h"
 #include "client_server.h"
 #include "client_shm.h"
@@ -526,8 +526,6 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
         free(a.base);
         return rc;
     }
-    if (b->gpu)
-        b->seg_ptrs = b->gpu->ptrs;
     uint32_t nsend;
     if (c->nservers == 1) {
         nsend = gather_for_one_server(c, k, &t, b, op, start);

@@ -24,9 +24,11 @@
  * reserved chunks, then COMMIT. Other frames travel on the socket.
  *
  * Which of these exchanges a frame is (plain, shm lease, shm staged, shm
- * reserve/commit, rdma lease, rdma reserve/commit) is chosen once when it begins, from a table in
- * client_conn.c: the request's op, its answer's handler, and the
- * follow-up request (RELEASE, COMMIT) that handler sends.
+ * reserve/commit, rdma lease, rdma reserve/commit) is chosen once when it
+ * begins (struct client_exchange, client_frame.h): each transport owns its
+ * exchanges and their handlers (the plain one here, the others in
+ * client_shm.c and client_rdma.c), and this file keeps connect, send,
+ * receive and the header checks.
  */
 #ifndef GDRKV_CLIENT_CONN_H
 #define GDRKV_CLIENT_CONN_H
@@ -45,11 +47,12 @@ enum client_conn_phase {
     CLIENT_CONN_SEND,           /* request header, body, PUT values */
     CLIENT_CONN_RECV_HEAD,      /* response header and body (rdma: first RDMA_HELLO's) */
     CLIENT_CONN_RECV_PAYLOAD,   /* GET values */
-    CLIENT_CONN_GPU_WAIT        /* shm: a frame's launch runs; then RELEASE (LEASE), the
-                                   request (PUT_STAGED) or COMMIT (RESERVE) goes */
+    CLIENT_CONN_WAIT            /* an exchange's asynchronous step runs (shm: a GPU
+                                   launch; rdma: READs or WRITEs), polled; then
+                                   RELEASE, COMMIT or the PUT_STAGED request goes */
 };
 
-/* A PUT_STAGED frame the server follows (client_conn.c, follows()). */
+/* A PUT_STAGED frame the server follows (client_shm.c, follows()). */
 enum client_conn_follow {
     FOLLOW_NONE,
     FOLLOW_TO_COPY,             /* its values are copied once the request is sent */
@@ -85,6 +88,8 @@ struct client_conn {
     struct client_batch *batch;
     struct client_frame *frame;
     const struct client_exchange *ex;   /* how it travels, chosen when it begins */
+    const uint64_t *seg_ptrs;   /* where the socket moves its values: the call's
+                                   segments, or a GPU call's table (gpu_conn_start) */
     uint64_t req_id;            /* the request whose answer is awaited */
     uint8_t wire_op;            /* its op: the batch's, or LEASE, RELEASE, RESERVE,
                                    COMMIT, RDMA_HELLO */
@@ -94,9 +99,10 @@ struct client_conn {
     int resp_decoded;
     size_t got;                 /* response header + body bytes received */
     uint8_t *body;              /* where the response body goes */
-    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer */
+    uint8_t *body_heap;         /* ...when it doesn't fit the frame buffer (kept
+                                   through a WAIT step, which may read it) */
     const char *why;            /* what failed, for the log */
-    uint64_t leased_bytes;      /* GPU_WAIT: the LEASE's bytes, counted once copied */
+    uint64_t leased_bytes;      /* WAIT: a shm LEASE's bytes, counted once copied */
     int unanswered;             /* the request being sent gets no answer: it ends the frame */
     enum client_conn_follow follow;
     struct client_iov io;
@@ -117,6 +123,9 @@ int client_conn_connecting(const struct client_conn *c);
 uint64_t client_conn_connect_deadline(const struct client_conn *c);
 void client_conn_close(struct client_conn *c);
 int client_conn_is_shm(const struct client_conn *c);
+/* Waits for the connection's GPU copies still in flight (a socket GET's
+ * last frames): 0, or a negative error when one failed. */
+int client_conn_gpu_drain(struct client_conn *c);
 
 /* Whether an idle connection can carry a frame: the server has neither
  * closed it (restart, idle timeout) nor sent anything unasked. */

@@ -1,6 +1,6 @@
 /*
  * client_gpu.h - GPU memory in the client's batch calls, on the tcp and
- * shm transports: which segments of a call are GPU memory, and the hooks
+ * shm transports: per connection, the staging and launch slots, and the hooks
  * the transports call so those segments move through the GPU copy paths
  * (gpu.h) instead of memcpy/readv/sendmsg:
  *
@@ -21,16 +21,17 @@
  *             staging by one launch, then sent from there.
  *
  * A call with no GPU segment never gets here: its batch has gpu == NULL.
+ * Which segments are GPU memory is client_gpu_call.h's; the public
+ * gdrkv_gpu_* functions are the gpu wing's (gpu/gpu_api.c).
  */
 #ifndef GDRKV_CLIENT_GPU_H
 #define GDRKV_CLIENT_GPU_H
 
 #include <stdint.h>
 
+#include "client_gpu_call.h"
 #include "gpu/gpu.h"
 
-struct client_regions;
-struct client_keys;
 struct client_batch;
 struct client_frame;
 struct client_pool;
@@ -38,87 +39,50 @@ struct client_staging;
 struct gk_copy_list;
 struct gk_copier;
 
-/* Largest frame payload of a call with GPU segments: bounds the pinned
- * staging each connection holds (two of these), and sets the grain at
- * which receiving and copying to the GPU overlap. */
-#define GPU_FRAME_BYTES (32ull << 20)
-
-struct gpu_call {
-    const uint64_t *orig;   /* the caller's segment pointers */
-    uint64_t *ptrs;         /* what the transports use: the caller's, except GPU
-                               segments of socket frames, redirected into staging */
-    int8_t *seg_dev;        /* per segment: GPU ordinal, or -1 for host memory;
-                               NULL when every segment with bytes lies in one
-                               GPU range */
-    int device;             /* seg_dev NULL: that range's GPU ordinal */
-    uint64_t nsegs;
-    uint8_t *bad;           /* per key: a segment is GPU memory that can't be used
-                               (NULL: none is; seg_dev NULL too) */
-    int mode;               /* enum gpu_mode */
-    uint64_t stream;        /* the caller's CUstream, or 0 */
-    struct gpu_serial *serial;  /* where a PUT launches without the caller's stream: the
-                                   client's PUT streams; NULL for a GET */
-    struct gpu_stats stats;
-    int error;              /* a GPU copy failed after its frame was answered */
-};
-
-/* For a GET or PUT call: classifies every segment against the client's
- * registered ranges, and returns NULL when none is GPU memory (nor bad);
- * mode is the client's enum gpu_mode; a PUT without a stream of the
- * caller's launches on put_streams. Keys with a segment in GPU memory that is
- * unregistered, freed since it was registered, or only partly inside a
- * registered range get GDRKV_E_INVALID in results and bad[i] = 1. *rc is
- * 0, or GDRKV_E_INTERNAL when out of memory (the call can't run). */
-struct gpu_call *gpu_call_prepare(struct client_regions *regions, int mode, uint8_t op,
-                                  const struct client_keys *k, struct gpu_serial *put_streams,
-                                  int *rc);
-void gpu_call_free(struct gpu_call *g);
-/* For the NIC moving GPU memory itself (rdma): waits for the work queued
- * before the call on the caller's stream, or else on the legacy default
- * stream of every GPU the call touches. 0 or GDRKV_E_INTERNAL. */
-int gpu_call_order(const struct gpu_call *g);
-
-/* A segment's GPU ordinal, or -1 for host memory. (Segments without bytes
- * of a call in one GPU range count as that GPU's: nothing is copied for
- * them either way.) */
-static inline int gpu_seg_device(const struct gpu_call *g, uint64_t seg)
-{
-    return !g ? -1 : g->seg_dev ? g->seg_dev[seg] : g->device;
-}
-
-/* Registration: whether [ptr, ptr + len) is GPU memory. 0 host (*device =
- * -1), 1 GPU (*device, *buffer_id set), GDRKV_E_INVALID when the range
- * mixes host and GPU memory or runs past its GPU allocation. */
-int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id);
-
 /* Per connection, created on first use. */
 struct gpu_conn;
 
-/* A frame starts on a connection. PUT: its GPU-sourced values are gathered
- * into staging now. GET over the socket (get_over_socket): its GPU-bound
- * segments are redirected into a staging buffer. 0 or a negative error. */
+/* A socket frame of a GPU call starts on a connection. PUT: its
+ * GPU-sourced values are gathered into staging now. GET: its GPU-bound
+ * values are to be received into a staging buffer. When the frame has GPU
+ * segments, *seg_ptrs is set to the connection's table of where the
+ * socket moves each segment of the frame (the caller's address, or its
+ * place in staging), by the call's segment index; else it is left as is.
+ * 0 or a negative error. */
 int gpu_conn_start(struct gpu_conn **gc, struct client_batch *b, const struct client_frame *f,
-                   int get_over_socket);
+                   const uint64_t **seg_ptrs);
 /* A GET frame's values are all in staging: starts their copy to the GPU
  * (waited for by the next use of that buffer, or gpu_conn_drain). */
 int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct client_frame *f);
-/* Where a LEASE's GPU-bound pieces are planned (dst: GPU, src: pool). */
+/* Where a shm frame's GPU pieces are planned. */
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
-/* Starts a LEASE's copies: the GPU list by one launch, the host pieces by
- * the CPU meanwhile; returns when the host ones are done and the launch is
- * queued. gpu_conn_copy_done then says when the GPU is done too, so the
- * call's other connections move on while the kernel runs. */
-int gpu_conn_copy_leased(struct gpu_conn *gc, struct client_pool *pool, struct client_batch *b,
+/* Where the GPU reaches a shared mapping (the pool, or a connection's
+ * staging memfd) for one frame's pieces: the GPU side of a piece at
+ * offset off of the mapping is base + off, and mode is how its launch
+ * copies. Resolved at the frame's first GPU piece, so the pieces are
+ * planned once, already addressed for the GPU: a mapping registered with
+ * CUDA (on its first GPU copy, once per mapping) is reached at its device
+ * address with the call's mode; one that is not, or staging of a frame
+ * past its registered part, at its host address by the copy engines,
+ * which stage pageable memory themselves. */
+struct gpu_reach {
+    struct client_pool *pool;       /* the mapping: the pool, or else */
+    struct client_staging *staging; /* ...the connection's staging, for */
+    uint64_t frame_bytes;           /* ...a frame of this many bytes */
+    int resolved;
+    uint64_t base;
+    int mode;                       /* enum gpu_mode */
+};
+void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g);
+
+/* Starts a frame's copies between the caller's segments and a shared
+ * mapping: the list (gpu_conn_list, addressed as gpu_reach says) by one
+ * launch in mode, the host pieces by the CPU meanwhile. Returns when the
+ * host ones are done: 0 when there was nothing to launch, 1 when
+ * gpu_conn_copy_done must say when the GPU is done too (the call's other
+ * connections move on meanwhile), or a negative error. */
+int gpu_conn_copy_shared(struct gpu_conn *gc, struct client_batch *b, int mode,
                          const struct gk_copy_list *host, struct gk_copier *copier);
-/* Starts a PUT frame's copies into shared memory: the list (gpu_conn_list)
- * into the staging memfd (staging set) or a single-tenant pool's
- * reservations (staging NULL) by one launch, the host pieces by the CPU
- * meanwhile. Returns when the host ones are done: 0 when there was
- * nothing to launch, 1 when gpu_conn_copy_done must say when the GPU is
- * done too (the frame goes then), or a negative error. */
-int gpu_conn_copy_put(struct gpu_conn *gc, struct client_staging *staging,
-                      struct client_pool *pool, struct client_batch *b,
-                      const struct gk_copy_list *host, struct gk_copier *copier);
 /* 1 when the connection's launch (a LEASE's, or a PUT's) finished, 0
  * while it runs, or an error. */
 int gpu_conn_copy_done(struct gpu_conn *gc);

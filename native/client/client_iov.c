@@ -12,12 +12,13 @@
 #include "common/common.h"
 
 void client_iov_init(struct client_iov *v, const uint8_t *head, size_t head_len,
-                     const struct client_batch *b, uint32_t first, uint32_t count,
-                     const uint64_t *lens)
+                     const struct client_batch *b, const uint64_t *seg_ptrs, uint32_t first,
+                     uint32_t count, const uint64_t *lens)
 {
     v->head = head;
     v->head_len = head_len;
     v->batch = b;
+    v->seg_ptrs = seg_ptrs;
     v->lens = lens;
     v->pos = first;
     v->end = first + count;
@@ -53,7 +54,7 @@ static size_t next_piece(struct client_iov *v, void **base)
         /* key_left never exceeds what the key's remaining segments hold
          * (checked against the capacity before the stream was set up). */
         uint64_t len = GK_MIN(b->seg_lens[v->seg], v->key_left);
-        *base = (void *)(uintptr_t)b->seg_ptrs[v->seg];
+        *base = (void *)(uintptr_t)v->seg_ptrs[v->seg];
         v->seg++;
         v->key_left -= len;
         if (len)

@@ -23,6 +23,7 @@ struct client_iov {
     const uint8_t *head;
     size_t head_len;
     const struct client_batch *batch;
+    const uint64_t *seg_ptrs;   /* where each segment's bytes are, by segment index */
     const uint64_t *lens;       /* bytes each key contributes, by position */
     uint32_t pos, end;          /* keys left: positions [pos, end) */
     uint64_t seg;               /* current key's next segment */
@@ -37,10 +38,12 @@ struct client_iov {
 };
 
 /* head may be NULL; keys [first, first + count) contribute lens[p] bytes
- * each, which must not exceed the capacity of their segments. */
+ * each, which must not exceed the capacity of their segments; segment s
+ * of b is at seg_ptrs[s] (b->seg_ptrs, or a GPU call's per-frame table
+ * that places GPU segments in staging). */
 void client_iov_init(struct client_iov *v, const uint8_t *head, size_t head_len,
-                     const struct client_batch *b, uint32_t first, uint32_t count,
-                     const uint64_t *lens);
+                     const struct client_batch *b, const uint64_t *seg_ptrs, uint32_t first,
+                     uint32_t count, const uint64_t *lens);
 /* The next entries to move (*count of them, *bytes in total). */
 const struct iovec *client_iov_window(struct client_iov *v, int *count, size_t *bytes);
 /* Marks the first n bytes of the window as moved. */

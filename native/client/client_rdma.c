@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "client_chunks.h"
-#include "client_gpu.h"
+#include "client_frame.h"
+#include "client_gpu_call.h"
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
@@ -176,6 +177,11 @@ struct client_rdma_conn {
      * connection has its own, so a flush waits for nothing but itself. */
     struct rdma_flusher *flusher;
     int plan_err;                   /* why add_piece refused */
+    /* The frame's run, stepped by the connection's poll loop. */
+    struct rdma_run run;
+    struct rdma_post_stats run_stats;
+    int running;                    /* started: client_rdma_end follows */
+    int timed_out;                  /* the call's deadline passed first */
 };
 
 /* The HELLO answer's body: the server's endpoint, then its regions. */
@@ -268,6 +274,8 @@ void client_rdma_conn_close(struct client_rdma_conn *rc)
         rdma_qps_kill(d, &rc->qps);
         rdma_qps_destroy(d, &rc->qps);
     }
+    if (rc->running)
+        rdma_post_end(&rc->run, 1);     /* the QPs are gone: nothing is in flight */
     if (rc->flusher)
         rdma_flusher_free(d, rc->flusher);
     rdma_pieces_free(&rc->pieces);
@@ -320,8 +328,8 @@ static int add_piece(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint
                      uint64_t len)
 {
     struct client_rdma_conn *rc = arg;
-    /* rdma frames are never redirected to staging: seg_ptrs is the
-     * caller's address, GPU memory included (its MR is a dma-buf one). */
+    /* seg_ptrs is the caller's address, GPU memory included (its MR is a
+     * dma-buf one). */
     uint64_t seg_addr = rc->batch->seg_ptrs[seg] + seg_off;
     const struct rdma_region *g = region_of(rc, pool_off, len);
     const struct client_mr *m = mr_of(rc->owner, seg_addr, len);
@@ -368,9 +376,12 @@ static void fail_key(void *arg, uint32_t p, int err)
     b->results[b->index[p]] = err;
 }
 
-static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, size_t len,
-               struct client_batch *b, const struct client_frame *f, const uint8_t *listed,
-               const uint64_t *lens)
+/* Plans the frame's pieces and starts their run, which the connection's
+ * poll loop steps (client_rdma_poll) and ends (client_rdma_end). 0, or an
+ * error before anything was posted. */
+static int run_start(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, size_t len,
+                     struct client_batch *b, const struct client_frame *f,
+                     const uint8_t *listed, const uint64_t *lens)
 {
     struct client_rdma *r = rc->owner;
     rdma_pieces_reset(&rc->pieces);
@@ -410,9 +421,37 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
             flush->err = 0;
         }
     }
-    struct rdma_post_stats st = {0};
-    int err = rdma_post_run(&rc->qps, opcode, &rc->pieces, flush, b->deadline_ns, fail_key, rc,
-                            &st);
+    rc->run_stats = (struct rdma_post_stats){0};
+    rdma_post_start(&rc->run, &rc->qps, opcode, &rc->pieces, flush, fail_key, rc,
+                    &rc->run_stats);
+    rc->running = 1;
+    return 0;
+}
+
+int client_rdma_poll(struct client_rdma_conn *rc, uint64_t deadline_ns)
+{
+    if (!rc->running || rdma_post_step(&rc->run))
+        return 1;
+    if (rc->run.idle && gk_now_ns() >= deadline_ns) {
+        rc->timed_out = 1;
+        return 1;
+    }
+    return 0;
+}
+
+int client_rdma_end(struct client_rdma_conn *rc)
+{
+    struct client_rdma *r = rc->owner;
+    struct client_batch *b = rc->batch;
+    const struct client_frame *f = rc->frame;
+    if (!rc->running)
+        return 0;
+    int opcode = rc->run.opcode;
+    struct rdma_flush *flush = rc->run.flush;
+    const struct rdma_post_stats *st = &rc->run_stats;
+    int err = rdma_post_end(&rc->run, rc->timed_out);
+    rc->running = 0;
+    rc->timed_out = 0;
     rc->flags = NULL;
     if (opcode == IBV_WR_RDMA_READ && rc->flush.n && err != GDRKV_E_TIMEOUT &&
         (!flush || flush->done < flush->n)) {
@@ -429,10 +468,10 @@ static int run(struct client_rdma_conn *rc, int opcode, const uint8_t *lists, si
     if (flush)
         gk_counter_add(&r->flush_reads, flush->done + (flush->done < flush->n));
     gk_counter_add(opcode == IBV_WR_RDMA_READ ? &r->read_frames : &r->write_frames, 1);
-    gk_counter_add(&r->work_requests, st.wrs);
-    gk_counter_add(&r->doorbells, st.posts);
-    gk_counter_add(&r->completions, st.completions);
-    gk_counter_add(&r->bytes, st.bytes);
+    gk_counter_add(&r->work_requests, st->wrs);
+    gk_counter_add(&r->doorbells, st->posts);
+    gk_counter_add(&r->completions, st->completions);
+    gk_counter_add(&r->bytes, st->bytes);
     return err;
 }
 
@@ -453,20 +492,138 @@ static int stream_ordered(struct client_batch *b, const struct client_frame *f)
 int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                      struct client_batch *b, const struct client_frame *f)
 {
+    rc->running = 0;
     if (!stream_ordered(b, f))
         return 0;
-    return run(rc, IBV_WR_RDMA_READ, lists, len, b, f, NULL, b->got);
+    return run_start(rc, IBV_WR_RDMA_READ, lists, len, b, f, NULL, b->got);
 }
 
 int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                       struct client_batch *b, const struct client_frame *f, uint8_t *flags)
 {
+    rc->running = 0;
     if (!stream_ordered(b, f)) {
         for (uint32_t p = f->first; p < f->first + f->count; p++)
             flags[p - f->first] = 0;
         return 0;
     }
     rc->flags = flags;
-    return run(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
+    return run_start(rc, IBV_WR_RDMA_WRITE, lists, len, b, f, flags, b->sizes);
 }
 
+
+/* ------------------------------------------------------------ exchanges */
+
+/* What an rdma run's outcome means for the frame: a broken QP has failed
+ * its own keys and the others are good, so the frame goes on and the
+ * connection closes after it; a timeout or bad lists end it now. */
+static int rdma_outcome(struct client_conn *c, int rc)
+{
+    if (rc == GDRKV_E_UNAVAILABLE) {
+        c->rdma_broken = 1;
+        return 0;
+    }
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc)
+        c->why = rc == GDRKV_E_TIMEOUT ? "rdma completions did not come in time" : "rdma failed";
+    return rc;
+}
+
+/* The LEASE answered over rdma: starts the READs of the objects into the
+ * caller's segments (the release follows; nothing to READ, nothing to
+ * confirm). */
+static int read_leased(struct client_conn *c)
+{
+    uint64_t bytes;
+    size_t len;
+
+    int rc = client_frame_take_results(c, &bytes);
+    if (rc || bytes == 0)
+        return rc;
+    const uint8_t *lists = client_frame_chunk_lists(c, &len);
+    rc = client_rdma_read(c->rdma, lists, len, c->batch, c->frame);
+    if (rc)
+        return rdma_outcome(c, rc);
+    c->phase = CLIENT_CONN_WAIT;
+    return 0;
+}
+
+/* The READs are over: the lease ends. */
+static int read_waited(struct client_conn *c)
+{
+    int rc = rdma_outcome(c, client_rdma_end(c->rdma));
+    if (rc == 0)
+        client_frame_send_followup(c, c->release, 0, 0, 0);
+    return rc;
+}
+
+/* The RESERVE answered over rdma: starts the WRITEs of the values of the
+ * reserved keys (COMMIT follows). */
+static int write_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *lists;
+    uint8_t *flags;
+    size_t len;
+
+    int rc = client_frame_take_reservations(c, &flags, &lists, &len);
+    if (rc)
+        return rc;
+    rc = client_rdma_write(c->rdma, lists, len, b, f, flags);
+    if (rc)
+        return rdma_outcome(c, rc);
+    c->phase = CLIENT_CONN_WAIT;
+    return 0;
+}
+
+/* The WRITEs are over: COMMIT goes for the keys whose bytes all arrived. */
+static int write_waited(struct client_conn *c)
+{
+    const struct client_frame *f = c->frame;
+    const uint8_t *flags = c->commit + GK_HDR_SIZE;
+
+    int rc = rdma_outcome(c, client_rdma_end(c->rdma));
+    if (rc)
+        return rc;
+    /* Reserved keys COMMIT drops make the server stop this connection's
+     * QPs (it can't know no WRITE is still coming): don't reuse it. */
+    for (uint32_t k = 0; k < f->count; k++) {
+        struct gk_result r = client_frame_key_result(c, k);
+        if (r.status == 0 && !flags[k])
+            c->rdma_broken = 1;
+    }
+    client_frame_send_followup(c, c->commit, f->count, f->count, 0);
+    return 0;
+}
+
+/* The frame's READs or WRITEs, stepped by the poll loop (CLIENT_CONN_WAIT). */
+static int poll_run(struct client_conn *c)
+{
+    return client_rdma_poll(c->rdma, c->batch->deadline_ns);
+}
+
+/* rdma GET into registered memory: READ by the NIC, then confirmed. */
+static const struct client_exchange rdma_lease = {
+    .request = GK_OP_LEASE, .answer = read_leased,
+    .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,
+    .poll = poll_run, .waited = read_waited,
+};
+
+/* rdma PUT from registered memory: WRITTEN into reserved chunks, then committed. */
+static const struct client_exchange rdma_reserve = {
+    .request = GK_OP_RESERVE, .answer = write_reserved,
+    .followup = GK_OP_COMMIT, .followup_answer = client_frame_take_commit,
+    .poll = poll_run, .waited = write_waited,
+};
+
+const struct client_exchange *client_rdma_exchange(const struct client_conn *c)
+{
+    uint8_t op = c->batch->opcode;
+
+    if ((op == GK_OP_GET || op == GK_OP_PUT) &&
+        client_rdma_frame_ok(c->rdma, c->batch, c->frame))
+        return op == GK_OP_GET ? &rdma_lease : &rdma_reserve;
+    return NULL;
+}

@@ -85,17 +85,33 @@ void client_rdma_conn_close(struct client_rdma_conn *rc);
 int client_rdma_frame_ok(struct client_rdma_conn *rc, const struct client_batch *b,
                          const struct client_frame *f);
 
-/* LEASE answered (lists/len: the chunk lists after the results): READs
- * every hit into its segments. Keys whose READs failed get their error.
- * Returns 0, GDRKV_E_PROTOCOL (bad lists), or an error that ends the
- * connection (its QPs broke or the deadline passed: the frame's keys that
- * did not fail already must fail with it). */
+/* LEASE answered (lists/len: the chunk lists after the results): starts
+ * the READs of every hit into its segments. 0, or GDRKV_E_PROTOCOL (bad
+ * lists) / GDRKV_E_INTERNAL before anything was posted. Then
+ * client_rdma_poll until it says the run is over, and client_rdma_end. */
 int client_rdma_read(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                      struct client_batch *b, const struct client_frame *f);
-/* RESERVE answered: WRITEs the values of the keys whose flags[k] is 1
- * (k = position in the frame) and clears the flag of those that failed.
- * Same returns as client_rdma_read. */
+/* RESERVE answered: starts the WRITEs of the values of the keys whose
+ * flags[k] is 1 (k = position in the frame); the flag of those that fail
+ * is cleared. Same returns and steps as client_rdma_read. */
 int client_rdma_write(struct client_rdma_conn *rc, const uint8_t *lists, size_t len,
                       struct client_batch *b, const struct client_frame *f, uint8_t *flags);
+/* Posts what the QPs have room for and takes the completions that came,
+ * without waiting: 1 when the run is over (or deadline_ns passed while it
+ * waited), 0 while it goes on. */
+int client_rdma_poll(struct client_rdma_conn *rc, uint64_t deadline_ns);
+/* Ends the run: keys whose READs or WRITEs failed have their error.
+ * Returns 0, or an error that ends the connection (its QPs broke, or the
+ * deadline passed: the frame's keys that did not fail already must fail
+ * with it). */
+int client_rdma_end(struct client_rdma_conn *rc);
+
+struct client_conn;
+struct client_exchange;
+/* The rdma exchange a connection's frame takes (a GET: lease, READs,
+ * release; a PUT: reserve, WRITEs, commit) when every segment of the
+ * frame is registered, or NULL: it goes plain, on the socket. c has QPs
+ * (c->rdma set). */
+const struct client_exchange *client_rdma_exchange(const struct client_conn *c);
 
 #endif

@@ -2,7 +2,7 @@
  * client_regions.h - the memory ranges registered with a client, host or
  * GPU memory: ranges never overlap, and each is known by its start
  * address. A call looks its segments up here to tell GPU memory from host
- * memory (client_gpu.c); the rdma transport registers each range with the
+ * memory (client_gpu_call.c); the rdma transport registers each range with the
  * NIC as well.
  */
 #ifndef GDRKV_CLIENT_REGIONS_H

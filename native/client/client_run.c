@@ -13,7 +13,7 @@
 #include <sched.h>
 
 #include "client_conn.h"
-#include "client_gpu.h"
+#include "client_gpu_call.h"
 #include "client_server.h"
 #include "common/common.h"
 
@@ -284,7 +284,7 @@ static void finish_gpu(struct gdrkv_client *c, struct client_call *call)
 
     for (uint32_t j = 0; j < call->njobs; j++) {
         struct client_job *job = &call->jobs[j];
-        if (job->conn && gpu_conn_drain(job->conn->gpu)) {
+        if (job->conn && client_conn_gpu_drain(job->conn)) {
             job->done = 0;
             fail_job(c, call, job, GDRKV_E_INTERNAL, "GPU copy failed");
         }

@@ -19,9 +19,10 @@
 
 #include "client_auth.h"
 #include "client_chunks.h"
+#include "client_frame.h"
+#include "client_gpu.h"
 #include "common/common.h"
 #include "gdrkv.h"
-#include "client_gpu.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/protocol.h"
@@ -297,92 +298,397 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
 
 /* ------------------------------------------------------------ copies */
 
+/* A frame's copies between the caller's segments and one shared mapping
+ * (the pool, or the connection's staging), planned in one pass: each
+ * piece goes to the CPU's list, or for a GPU segment to the frame's
+ * launch, already addressed as the GPU reaches the mapping. */
 struct shm_plan {
     const struct client_batch *b;
-    const struct client_pool *pool;
+    uint8_t *host;              /* the mapping, as the CPU reaches it */
+    int to_caller;              /* GET: mapping -> segments; PUT: the other way */
     struct gk_copy_list *out;
     struct gpu_list *gpu;
+    struct gpu_reach *reach;    /* resolved at the frame's first GPU piece */
 };
 
-/* Host destinations become CPU copies; GPU ones go to the frame's launch. */
-static int add_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
-                    uint64_t len)
+/* The one place a piece's copy is given to the CPU or the GPU: between
+ * offset off of the mapping and the caller's segment seg, at seg_off. */
+static int add_piece(struct shm_plan *pl, uint64_t seg, uint64_t seg_off, uint64_t off,
+                     uint64_t len)
 {
-    struct shm_plan *plan = arg;
-    const struct client_batch *b = plan->b;
-    const uint8_t *src = plan->pool->base + pool_off;
+    const struct client_batch *b = pl->b;
+    uint64_t caller = b->seg_ptrs[seg] + seg_off;
     int dev = gpu_seg_device(b->gpu, seg);
+
+    if (dev < 0) {
+        uint8_t *shared = pl->host + off, *mine = (uint8_t *)(uintptr_t)caller;
+        return pl->to_caller ? gk_copy_add(pl->out, mine, shared, (size_t)len)
+                             : gk_copy_add(pl->out, shared, mine, (size_t)len);
+    }
+    if (!pl->reach->resolved)
+        gpu_reach_resolve(pl->reach, b->gpu);
+    uint64_t shared = pl->reach->base + off;
+    return pl->to_caller ? gpu_list_add(pl->gpu, dev, caller, shared, len)
+                         : gpu_list_add(pl->gpu, dev, shared, caller, len);
+}
+
+/* A piece of a LEASE's or RESERVE's chunk lists, laid over a segment. */
+static int add_listed(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off, uint64_t pool_off,
+                      uint64_t len)
+{
     (void)p;
-    if (dev >= 0)
-        return gpu_list_add(plan->gpu, dev, b->gpu->orig[seg] + seg_off,
-                            (uint64_t)(uintptr_t)src, len);
-    return gk_copy_add(plan->out, (uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off, src,
-                           (size_t)len);
+    return add_piece(arg, seg, seg_off, pool_off, len);
 }
 
-int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                    const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct gk_copy_list *out, struct gpu_list *gpu)
+/* The copies a LEASE answer describes for the frame's keys: lists/len are
+ * the chunk lists after the results, and keys whose result is a hit
+ * (b->got[p] bytes) have one each. Every length and offset is checked
+ * against the pool and the destination first. 0 or GDRKV_E_PROTOCOL
+ * (malformed) / GDRKV_E_INTERNAL (out of memory). */
+static int plan_leased(struct client_conn *c, const uint8_t *lists, size_t len,
+                       struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    struct shm_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
-    return client_chunks_walk(lists, len, pool->size, b, first, count, NULL, b->got, add_copy,
-                              &plan);
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .to_caller = 1,
+                            .out = &c->copies, .gpu = gpu, .reach = reach};
+    *reach = (struct gpu_reach){.pool = c->pool};
+    return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, NULL, b->got,
+                              add_listed, &plan);
 }
 
-/* One PUT piece, from the caller's segment to dst (in staging or the
- * pool): host sources become CPU copies, GPU ones go to the launch. */
-static int add_put_copy(const struct client_batch *b, uint64_t seg, uint64_t seg_off,
-                        uint8_t *dst, uint64_t len, struct gk_copy_list *out,
-                        struct gpu_list *gpu)
+/* A PUT_STAGED frame's copies: its values into staging from offset 0, in
+ * order, as a PUT payload lays them out (the frame's payload fits: the
+ * exchange was chosen so). 0, or GDRKV_E_INTERNAL (out of memory). */
+static int plan_staged(struct client_conn *c, struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    int dev = gpu_seg_device(b->gpu, seg);
-    if (dev >= 0)
-        return gpu_list_add(gpu, dev, (uint64_t)(uintptr_t)dst, b->gpu->orig[seg] + seg_off,
-                            len);
-    return gk_copy_add(out, dst, (const uint8_t *)(uintptr_t)b->seg_ptrs[seg] + seg_off,
-                           (size_t)len);
-}
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = c->staging.base, .out = &c->copies, .gpu = gpu,
+                            .reach = reach};
+    uint64_t off = 0;
 
-int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
-                           uint32_t first, uint32_t count, struct gk_copy_list *out,
-                           struct gpu_list *gpu)
-{
-    uint8_t *dst = st->base;
-    for (uint32_t p = first; p < first + count; p++) {
+    *reach = (struct gpu_reach){.staging = &c->staging, .frame_bytes = f->payload_len};
+    for (uint32_t p = f->first; p < f->first + f->count; p++) {
         uint64_t seg = b->first_seg[p];
         for (uint32_t k = 0; k < b->seg_counts[b->index[p]]; k++, seg++) {
-            if (b->seg_lens[seg] &&
-                add_put_copy(b, seg, 0, dst, b->seg_lens[seg], out, gpu))
+            if (b->seg_lens[seg] && add_piece(&plan, seg, 0, off, b->seg_lens[seg]))
                 return GDRKV_E_INTERNAL;
-            dst += b->seg_lens[seg];
+            off += b->seg_lens[seg];
         }
     }
     return 0;
 }
 
-struct reserve_plan {
-    const struct client_batch *b;
-    const struct client_pool *pool;
-    struct gk_copy_list *out;
-    struct gpu_list *gpu;
-};
-
-static int add_reserved_copy(void *arg, uint32_t p, uint64_t seg, uint64_t seg_off,
-                             uint64_t pool_off, uint64_t len)
+/* Single-tenant: a RESERVE answer's copies, the values of the keys with
+ * listed[k] set into their reserved chunks of the writable pool, checked
+ * as plan_leased checks. */
+static int plan_reserved(struct client_conn *c, const uint8_t *lists, size_t len,
+                         const uint8_t *listed, struct gpu_list *gpu, struct gpu_reach *reach)
 {
-    struct reserve_plan *plan = arg;
-    (void)p;
-    return add_put_copy(plan->b, seg, seg_off, (uint8_t *)plan->pool->base + pool_off, len,
-                        plan->out, plan->gpu);
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .out = &c->copies,
+                            .gpu = gpu, .reach = reach};
+
+    *reach = (struct gpu_reach){.pool = c->pool};
+    c->copies.streamed = 1;
+    return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, listed, b->sizes,
+                              add_listed, &plan);
 }
 
-int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                             const struct client_batch *b, uint32_t first, uint32_t count,
-                             const uint8_t *listed, struct gk_copy_list *out,
-                             struct gpu_list *gpu)
+/* ------------------------------------------------------------ exchanges */
+
+/* A followed frame's copy raises the staged word at least this often: the
+ * server's copy starts this far behind, and each raise moves the word's
+ * cache line between the two cores. */
+#define CLIENT_STAGED_PUBLISH_BYTES (32u << 10)
+
+/* Where the frame's GPU pieces are planned: *gpu, or NULL when the call
+ * has no GPU segment. GDRKV_E_INTERNAL when it can't be had. */
+static int frame_gpu_list(struct client_conn *c, struct gpu_list **gpu)
 {
-    struct reserve_plan plan = {.b = b, .pool = pool, .out = out, .gpu = gpu};
-    out->streamed = 1;
-    return client_chunks_walk(lists, len, pool->size, b, first, count, listed, b->sizes,
-                              add_reserved_copy, &plan);
+    *gpu = c->batch->gpu ? gpu_conn_list(&c->gpu) : NULL;
+    return c->batch->gpu && !*gpu ? GDRKV_E_INTERNAL : 0;
+}
+
+/* A PUT frame's copies, planned into c->copies (host sources) and gpu
+ * (reaching staging or the pool as reach says). 0 when done, 1 when the
+ * GPU's part still runs, or a negative error. */
+static int run_put_copies(struct client_conn *c, struct gpu_list *gpu,
+                          const struct gpu_reach *reach)
+{
+    struct client_batch *b = c->batch;
+    int rc = 0;
+    if (gpu)
+        rc = gpu_conn_copy_shared(c->gpu, b, reach->mode, &c->copies, b->copier);
+    else if (c->copies.count)
+        gk_copy_run(b->copier, &c->copies);
+    gk_copy_reset(&c->copies);
+    return rc;
+}
+
+/* A PUT_STAGED frame's values, copied into the connection's staging: the
+ * GPU ones by one launch, the host ones by the CPU meanwhile. 0 when they
+ * are in place, 1 when the launch still runs, or a negative error. */
+static int stage_values(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    struct gpu_list *gpu;
+    struct gpu_reach reach;
+
+    int rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = plan_staged(c, gpu, &reach);
+    if (rc == 0)
+        rc = run_put_copies(c, gpu, &reach);
+    gk_copy_reset(&c->copies);
+    b->shm_bytes_staged += rc < 0 ? 0 : f->payload_len;
+    return rc;
+}
+
+/* Whether a PUT_STAGED frame goes before its values (PUT_STAGED_FOLLOW):
+ * the server then reserves while this thread copies them into staging,
+ * and copies each into the pool as soon as the staged word says it is
+ * there, instead of starting only once all are. Only host values this
+ * thread copies alone, in order, can be followed: a GPU gather, or a copy
+ * shared with the helpers, fills staging out of order. And one frame of a
+ * call at a time: a following worker holds its core while this thread
+ * copies, and with every frame followed the workers of a 16-frame call
+ * held the cores that workers with frames already staged needed (64 KiB
+ * PUTs ran 2.5-3.5x slower in half the runs on a 2-core VM). The call's
+ * last frame is followed in any case: the server's copy of the frames
+ * before it overlaps this thread's copies of the next, but the last
+ * frame's copy would be the call's tail. */
+static int follows(const struct client_conn *c)
+{
+    return c->staging.staged_word && !c->batch->gpu &&
+           c->frame->payload_len < c->batch->copier->parallel_bytes &&
+           (!c->batch->follows_in_flight || !c->batch->frames_unstarted);
+}
+
+/* A PUT_STAGED frame begins: followed, its copies are only planned (they
+ * run once the request is sent, client_shm_stage_followed); else they run
+ * now, and a GPU launch among them holds the request back (WAIT) while
+ * the call's other connections go on. */
+static int begin_staged(struct client_conn *c)
+{
+    struct gpu_reach none;
+
+    if (follows(c)) {
+        c->follow = FOLLOW_TO_COPY;
+        /* Read by the server only after it has the request. */
+        gk_copy_publish(c->staging.staged_word, 0);
+        return plan_staged(c, NULL, &none);    /* host values only */
+    }
+    int rc = stage_values(c);
+    if (rc == 1)
+        c->phase = CLIENT_CONN_WAIT;
+    return GK_MIN(rc, 0);
+}
+
+/* The staging launch is done: the request goes. */
+static int staged_waited(struct client_conn *c)
+{
+    c->phase = CLIENT_CONN_SEND;
+    return 0;
+}
+
+void client_shm_stage_followed(struct client_conn *c)
+{
+    gk_copy_run_published(&c->copies, c->staging.base, c->staging.staged_word,
+                          CLIENT_STAGED_PUBLISH_BYTES);
+    gk_copy_reset(&c->copies);
+    c->batch->shm_bytes_staged += c->frame->payload_len;
+    c->batch->follows_in_flight++;
+    c->follow = FOLLOW_SENT;
+}
+
+int client_shm_send_again(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+
+    b->shm_staged_sent_again++;
+    /* c->answer is the request's answer handler, which calls this: the
+     * frame sent again is answered the same way. */
+    client_frame_expect(c, GK_OP_PUT_STAGED, c->next_req_id++, c->answer);
+    client_frame_encode(b, f, GK_OP_PUT_STAGED, c->req_id, 0);
+    c->phase = CLIENT_CONN_SEND;
+    client_iov_init(&c->io, f->buf, GK_HDR_SIZE + (size_t)f->body_len, b, NULL, f->first, 0,
+                    b->sizes);
+    return 0;
+}
+
+/* Whether the lease is seen to hold now, after the copy: the server sets
+ * the lease word to 0 before it lets any pinned object go, and a server
+ * that died (whose pool file a new server may be writing) shows on the
+ * socket, which the kernel closes at its exit. Anything else on the socket
+ * (an answer nobody asked for) counts as not seen. */
+static int lease_seen_held(const struct client_conn *c)
+{
+    if (!c->staging.lease_word ||
+        __atomic_load_n(c->staging.lease_word, __ATOMIC_SEQ_CST) != GK_LEASE_HELD)
+        return 0;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) == 0;
+}
+
+/* The lease's copy is done (the GPU's too): the lease ends. Seen to hold,
+ * the RELEASE goes unanswered and the frame ends once it is sent; else its
+ * answer says whether the bytes were the objects'. */
+static void end_lease_copied(struct client_conn *c, uint64_t bytes)
+{
+    c->batch->shm_bytes_copied += bytes;
+    if (lease_seen_held(c)) {
+        c->batch->shm_leases_seen_held++;
+        c->unanswered = 1;
+        client_frame_send_followup(c, c->release, 0, 0, GK_RELEASE_UNANSWERED);
+    } else {
+        client_frame_send_followup(c, c->release, 0, 0, 0);
+    }
+}
+
+/* The LEASE answered over shm: copies the objects out of the pool, then
+ * releases. A lease with nothing to copy needs no confirmation; the
+ * server drops it when the next frame comes. */
+static int copy_leased(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    uint64_t bytes;
+    size_t len;
+
+    int rc = client_frame_take_results(c, &bytes);
+    if (rc)
+        return rc;
+    const uint8_t *lists = client_frame_chunk_lists(c, &len);
+    struct gpu_list *gpu;
+    struct gpu_reach reach;
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = plan_leased(c, lists, len, gpu, &reach);
+    if (rc == 0 && bytes > 0 && gpu && gpu->count) {
+        /* One launch for the frame's GPU pieces, the CPU copying the host
+         * ones meanwhile; the RELEASE goes once the kernel is done too
+         * (WAIT), and the call's other connections go on meanwhile. */
+        rc = gpu_conn_copy_shared(c->gpu, b, reach.mode, &c->copies, b->copier);
+        gk_copy_reset(&c->copies);
+        if (rc < 0) {
+            c->why = "GPU copy failed";
+            return rc;
+        }
+        c->leased_bytes = bytes;
+        c->phase = CLIENT_CONN_WAIT;
+        return 0;
+    } else if (rc == 0 && bytes > 0) {
+        gk_copy_run(b->copier, &c->copies);
+    }
+    gk_copy_reset(&c->copies);
+    if (gpu)
+        gpu_list_reset(gpu);
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc) {
+        c->why = "out of memory";
+        return rc;
+    }
+    if (bytes > 0)
+        end_lease_copied(c, bytes);
+    return 0;
+}
+
+/* The lease's launch is done: the bytes are the caller's, the lease ends. */
+static int leased_waited(struct client_conn *c)
+{
+    end_lease_copied(c, c->leased_bytes);
+    return 0;
+}
+
+/* The RESERVE answered on a single-tenant server: copies the values of
+ * the reserved keys into their chunks of the (writable) pool, then
+ * COMMITs them. */
+static int copy_reserved(struct client_conn *c)
+{
+    struct client_batch *b = c->batch;
+    const struct client_frame *f = c->frame;
+    const uint8_t *lists;
+    uint8_t *flags;
+    size_t len;
+    struct gpu_list *gpu;
+    struct gpu_reach reach;
+
+    int rc = client_frame_take_reservations(c, &flags, &lists, &len);
+    if (rc)
+        return rc;
+    rc = frame_gpu_list(c, &gpu);
+    if (rc == 0)
+        rc = plan_reserved(c, lists, len, flags, gpu, &reach);
+    if (rc == GDRKV_E_PROTOCOL)
+        return client_frame_broken(c, "bad chunk lists");
+    if (rc == 0)
+        rc = run_put_copies(c, gpu, &reach);
+    if (rc < 0) {
+        gk_copy_reset(&c->copies);
+        c->why = "the values could not be copied into the pool";
+        return rc;
+    }
+    for (uint32_t k = 0; k < f->count; k++)
+        b->shm_bytes_staged += flags[k] ? b->sizes[f->first + k] : 0;
+    if (rc == 1)
+        c->phase = CLIENT_CONN_WAIT;    /* COMMIT goes once the launch is done */
+    else
+        client_frame_send_followup(c, c->commit, f->count, f->count, 0);
+    return 0;
+}
+
+/* The reservations' launch is done: COMMIT goes. */
+static int reserved_waited(struct client_conn *c)
+{
+    client_frame_send_followup(c, c->commit, c->frame->count, c->frame->count, 0);
+    return 0;
+}
+
+/* The frame's launch, polled. */
+static int poll_launch(struct client_conn *c)
+{
+    int rc = gpu_conn_copy_done(c->gpu);
+    if (rc < 0)
+        c->why = "GPU copy failed";
+    return rc;
+}
+
+/* shm GET: copied out of the mapped pool, then the lease confirmed. */
+static const struct client_exchange shm_lease = {
+    .request = GK_OP_LEASE, .answer = copy_leased,
+    .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,
+    .poll = poll_launch, .waited = leased_waited,
+};
+
+/* shm PUT: copied into the connection's staging before the request goes,
+ * or after it with the server copying behind (follows); the server copies
+ * them into the pool, and answers as to a plain PUT. */
+static const struct client_exchange shm_staged = {
+    .request = GK_OP_PUT_STAGED, .begin = begin_staged, .answer = client_frame_take_plain,
+    .poll = poll_launch, .waited = staged_waited,
+};
+
+/* shm PUT, single-tenant server: copied into the reserved chunks, then committed. */
+static const struct client_exchange shm_reserve = {
+    .request = GK_OP_RESERVE, .answer = copy_reserved,
+    .followup = GK_OP_COMMIT, .followup_answer = client_frame_take_commit,
+    .poll = poll_launch, .waited = reserved_waited,
+};
+
+const struct client_exchange *client_shm_exchange(const struct client_conn *c)
+{
+    uint8_t op = c->batch->opcode;
+
+    if (op == GK_OP_GET)
+        return &shm_lease;
+    if (op == GK_OP_PUT && c->pool->writable)
+        return &shm_reserve;
+    if (op == GK_OP_PUT && c->staging.base && c->frame->payload_len <= c->staging.len)
+        return &shm_staged;
+    return NULL;
 }

@@ -2,9 +2,10 @@
  * client_shm.h - the client's side of the shm transport: connecting to a
  * server's unix socket, the HELLO that brings the pool's memfd, the
  * read-only mapping of the pool that every connection to that server
- * shares, the connection's staging memfd for PUT values, and the copies
- * of a frame: a LEASE's out of the pool, a PUT's into staging (or, on a
- * single-tenant server, into its reservations in the pool).
+ * shares, the connection's staging memfd for PUT values, and the shm
+ * exchanges: a LEASE's copies out of the pool, a PUT's into staging (or,
+ * on a single-tenant server, into its reservations in the pool), each
+ * planned in one pass over its pieces.
  */
 #ifndef GDRKV_CLIENT_SHM_H
 #define GDRKV_CLIENT_SHM_H
@@ -16,8 +17,8 @@
 #include "client_state.h"
 #include "common/copy.h"
 
-struct gpu_list;
-
+struct client_conn;
+struct client_exchange;
 
 /* Connects to the endpoint's unix socket and maps its pool (shared with
  * the endpoint's other connections) and the connection's staging memfd
@@ -34,29 +35,16 @@ void client_pool_put(struct client_pool *p);
 uint64_t client_shm_staging_room(struct client_endpoint *ep);
 void client_staging_unmap(struct client_staging *st);
 
-/* Appends the copies a LEASE answer describes for keys [first, first +
- * count) of b: lists/len are the chunk lists after the results, and keys
- * whose result is a hit (b->got[p] bytes) have one each. Every length and
- * offset is checked against the pool and the destination first. Copies
- * into GPU memory (b->gpu says which) go to gpu instead of out. Returns 0
- * or GDRKV_E_PROTOCOL (malformed) / GDRKV_E_INTERNAL (out of memory). */
-int client_shm_plan(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                    const struct client_batch *b, uint32_t first, uint32_t count,
-                    struct gk_copy_list *out, struct gpu_list *gpu);
-
-/* A PUT_STAGED frame's copies: the values of keys [first, first + count)
- * of b into staging from offset 0, in order, as a PUT payload lays them
- * out (the frame's payload fits: the caller checked). GPU sources go to
- * gpu. 0, or GDRKV_E_INTERNAL (out of memory). */
-int client_shm_plan_staged(const struct client_staging *st, const struct client_batch *b,
-                           uint32_t first, uint32_t count, struct gk_copy_list *out,
-                           struct gpu_list *gpu);
-/* Single-tenant: a RESERVE answer's copies, the values of the keys with
- * listed[k] set into their reserved chunks of the writable pool, checked
- * as client_shm_plan checks. */
-int client_shm_plan_reserved(const struct client_pool *pool, const uint8_t *lists, size_t len,
-                             const struct client_batch *b, uint32_t first, uint32_t count,
-                             const uint8_t *listed, struct gk_copy_list *out,
-                             struct gpu_list *gpu);
+/* The shm exchange a connection's frame takes (lease, staged PUT, or
+ * reserve and commit on a single-tenant server), or NULL: it goes plain,
+ * on the socket. c is a shm connection (c->pool set). */
+const struct client_exchange *client_shm_exchange(const struct client_conn *c);
+/* A followed PUT_STAGED frame's request is sent: its values are copied
+ * into staging now, the server copying behind. */
+void client_shm_stage_followed(struct client_conn *c);
+/* The server stopped following the frame (the staged word stood still
+ * while this thread was held up): its values are all in staging by now,
+ * and the frame goes again, whole, answered by the same handler. 0. */
+int client_shm_send_again(struct client_conn *c);
 
 #endif

@@ -213,7 +213,7 @@ struct client_batch {
      * RDMA completions). */
     uint64_t deadline_ns;
 
-    /* GPU segments of the call (client_gpu.h), or NULL when there are none. */
+    /* GPU segments of the call (client_gpu_call.h), or NULL when there are none. */
     struct gpu_call *gpu;
 
     /* Traffic of the call, added to the client's counters once at the end:

@@ -105,14 +105,22 @@ static int enter_any(const struct gk_cuda *cu, int *pushed)
 
 /* ------------------------------------------------------------ lists */
 
+static uint64_t units_of(uint64_t len)
+{
+    return (len + GPU_UNIT_BYTES - 1) / GPU_UNIT_BYTES;
+}
+
 int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len)
 {
     if (len == 0)
         return 0;
+    if (dev < 0 || dev >= GPU_MAX_DEVICES)
+        return GDRKV_E_INTERNAL;
     if (l->count) {
         struct gpu_piece *last = &l->pieces[l->count - 1];
         if (last->dev == dev && last->dst + last->len == dst && last->src + last->len == src &&
             last->len + len <= GK_MAX_OBJECT) {
+            l->units += units_of(last->len + len) - units_of(last->len);
             last->len += len;
             l->bytes += len;
             return 0;
@@ -122,6 +130,8 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
         return GDRKV_E_INTERNAL;
     l->pieces[l->count++] = (struct gpu_piece){.dst = dst, .src = src, .len = len, .dev = dev};
     l->bytes += len;
+    l->units += units_of(len);
+    l->devices |= 1u << dev;
     return 0;
 }
 
@@ -131,6 +141,8 @@ void gpu_list_reset(struct gpu_list *l)
         gpu_list_free(l);
     l->count = 0;
     l->bytes = 0;
+    l->units = 0;
+    l->devices = 0;
 }
 
 void gpu_list_free(struct gpu_list *l)
@@ -206,6 +218,44 @@ void gpu_unregister(const void *base)
         dev_leave(cu);
 }
 
+int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id)
+{
+    const struct gk_cuda *cu = gk_cuda_if_loaded();
+    int first = -1, last = -1;
+
+    *device = -1;
+    *buffer_id = 0;
+    if (!cu || len == 0)
+        return 0;
+    int is_gpu = gk_cuda_pointer_device(ptr, &first);
+    int end_gpu = gk_cuda_pointer_device(ptr + len - 1, &last);
+    if (is_gpu < 0 || end_gpu < 0)
+        return GDRKV_E_INTERNAL;
+    if (!is_gpu && !end_gpu)
+        return 0;
+    if (!is_gpu || !end_gpu || first != last) {
+        GK_WARN("register: [%#llx, +%llu) mixes host and GPU memory",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    CUdeviceptr base = 0, end_base = 0;
+    size_t size = 0, end_size = 0;
+    if (cu->cuMemGetAddressRange(&base, &size, ptr) != GK_CUDA_SUCCESS ||
+        cu->cuMemGetAddressRange(&end_base, &end_size, ptr + len - 1) != GK_CUDA_SUCCESS ||
+        base != end_base) {
+        GK_WARN("register: [%#llx, +%llu) spans more than one GPU allocation",
+                (unsigned long long)ptr, (unsigned long long)len);
+        return GDRKV_E_INVALID;
+    }
+    unsigned long long id = 0;
+    if (cu->cuPointerGetAttribute(&id, GK_CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) !=
+        GK_CUDA_SUCCESS)
+        return GDRKV_E_INVALID;
+    *device = first;
+    *buffer_id = id;
+    return 1;
+}
+
 int gpu_available(char *why, size_t len)
 {
     const struct gk_cuda *cu = gk_cuda();
@@ -256,11 +306,6 @@ static int grow_ce(struct gpu_slot *s, uint64_t n)
         return GDRKV_E_INTERNAL;
     s->ce_cap = cap;
     return 0;
-}
-
-static uint64_t units_of(uint64_t len)
-{
-    return (len + GPU_UNIT_BYTES - 1) / GPU_UNIT_BYTES;
 }
 
 /* One kernel launch for the pieces of device dev; descriptors from
@@ -410,26 +455,17 @@ int gpu_slot_launch(struct gpu_slot *s, const struct gpu_list *l, int mode, uint
                     struct gpu_serial *serial, struct gpu_stats *stats)
 {
     const struct gk_cuda *cu = gk_cuda();
-    uint32_t devices = 0;
-    uint64_t units = 0;
 
     if (!cu)
         return GDRKV_E_INTERNAL;
     int rc = gpu_slot_wait(s);
     if (rc)
         return rc;
-    for (uint32_t i = 0; i < l->count; i++) {
-        const struct gpu_piece *p = &l->pieces[i];
-        if (p->dev < 0 || p->dev >= GPU_MAX_DEVICES)
-            return GDRKV_E_INTERNAL;
-        devices |= 1u << p->dev;
-        units += units_of(p->len);
-    }
-    if (use_copy_engine(mode, l) ? grow_ce(s, l->count) : grow_descs(s, units))
+    if (use_copy_engine(mode, l) ? grow_ce(s, l->count) : grow_descs(s, l->units))
         return GDRKV_E_INTERNAL;
     uint64_t first_unit = 0;
     for (int dev = 0; dev < GPU_MAX_DEVICES && !rc; dev++)
-        if (devices & (1u << dev))
+        if (l->devices & (1u << dev))
             rc = launch_dev(cu, s, l, dev, mode, stream, serial, &first_unit, stats);
     if (!rc)
         stats->bytes += l->bytes;

@@ -9,6 +9,9 @@
  * (the shm pool, staging buffers). Work runs in the primary context of
  * the device of its pieces, pushed around each step so the caller's own
  * current context is left as it was.
+ *
+ * The wing's files: cuda.c (the driver table), gpu.c (this header), and
+ * gpu_api.c (the public gdrkv_gpu_* functions, with their globals).
  */
 #ifndef GDRKV_GPU_H
 #define GDRKV_GPU_H
@@ -44,14 +47,18 @@ struct gpu_piece {
     int dev;                /* the device whose context runs the copy */
 };
 
+/* Kept as pieces are added, so that a launch walks the pieces only once,
+ * to write what it hands the GPU. */
 struct gpu_list {
     struct gpu_piece *pieces;
     uint32_t count, cap;
     uint64_t bytes;
+    uint64_t units;         /* kernel units (GPU_UNIT_BYTES) the pieces are cut into */
+    uint32_t devices;       /* bit d: a piece runs on device d */
 };
 
 /* Appends a piece (merged into the previous one when both ends continue
- * it); 0 or GDRKV_E_INTERNAL. */
+ * it); 0, or GDRKV_E_INTERNAL (out of memory, or dev not a device). */
 int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len);
 void gpu_list_reset(struct gpu_list *l);
 void gpu_list_free(struct gpu_list *l);
@@ -117,6 +124,12 @@ void gpu_host_free(void *p);
  * the GPU reaches base. 0 or a negative gdrkv_error. */
 int gpu_register_shared(const void *base, size_t len, int readonly, CUdeviceptr *dptr);
 void gpu_unregister(const void *base);
+
+/* Registration's probe: whether [ptr, ptr + len) is GPU memory. 0 host
+ * (*device = -1), 1 GPU (*device, *buffer_id: CUDA's id of the allocation
+ * set), GDRKV_E_INVALID when the range mixes host and GPU memory or runs
+ * past its GPU allocation. */
+int gpu_probe_region(uint64_t ptr, uint64_t len, int *device, uint64_t *buffer_id);
 
 /* Whether CUDA can be used here (1) or not (0, with why). */
 int gpu_available(char *why, size_t len);

@@ -34,7 +34,7 @@ struct rdma_flusher;
 struct rdma_flusher *rdma_flusher_new(struct rdma_dev *d);
 void rdma_flusher_free(struct rdma_dev *d, struct rdma_flusher *f);
 /* Points flush at the flusher's QP, CQ and scratch byte, for
- * rdma_post_run to post the flush READs on (rdma_post.h). A flusher whose
+ * a run (rdma_post_start) to post the flush READs on (rdma_post.h). A flusher whose
  * flush failed (a QP in error, or with a READ outstanding) must be freed. */
 void rdma_flusher_target(const struct rdma_flusher *f, struct rdma_flush *flush);
 

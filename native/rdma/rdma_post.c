@@ -38,39 +38,6 @@ void rdma_pieces_free(struct rdma_pieces *p)
 #define RDMA_POST_MAX_SGE 16
 #define RDMA_POLL_BATCH 32
 
-/* One work request: pieces [first, first + nsge) on QP qp, the seq-th WR
- * of that QP in this run. */
-struct wr_rec {
-    uint32_t first;
-    uint32_t seq;
-    uint16_t nsge;
-    uint8_t qp;
-};
-
-struct qp_run {
-    uint32_t *wrs;              /* its WRs, indexes into the run's records */
-    uint32_t total;
-    uint32_t posted;
-    uint32_t confirmed;         /* WRs [0, confirmed) are known done */
-    uint32_t unsignalled;       /* posted since the last signalled WR */
-    int dead;
-};
-
-struct run {
-    struct rdma_qps *q;
-    int opcode;
-    const struct rdma_pieces *p;
-    struct wr_rec *recs;
-    uint32_t nrecs;
-    struct qp_run qps[RDMA_MAX_QPS];
-    uint32_t chain, sig_every, max_sge;
-    rdma_fail_fn fail;
-    void *arg;
-    struct rdma_post_stats *stats;
-    int broken;                 /* an error completion: that QP's keys failed */
-    int lost;                   /* a post or poll failed: WRs may be in flight untracked */
-};
-
 static int error_of(enum ibv_wc_status s)
 {
     switch (s) {
@@ -91,16 +58,16 @@ static int error_of(enum ibv_wc_status s)
     }
 }
 
-static void fail_wr(struct run *r, const struct wr_rec *w, int err)
+static void fail_wr(struct rdma_run *r, const struct rdma_wr_rec *w, int err)
 {
     for (uint32_t k = 0; k < w->nsge; k++)
         r->fail(r->arg, r->p->list[w->first + k].key, err);
 }
 
 /* A QP broke: what it had not confirmed, and what it never posted, fails. */
-static void qp_dies(struct run *r, uint32_t j, int err)
+static void qp_dies(struct rdma_run *r, uint32_t j, int err)
 {
-    struct qp_run *qr = &r->qps[j];
+    struct rdma_qp_run *qr = &r->qps[j];
     for (uint32_t s = qr->confirmed; s < qr->total; s++)
         fail_wr(r, &r->recs[qr->wrs[s]], err);
     qr->dead = 1;
@@ -110,7 +77,7 @@ static void qp_dies(struct run *r, uint32_t j, int err)
 
 /* Pieces -> WRs: merges a piece into the previous WR when it continues
  * the same remote range of the same key. */
-static int plan(struct run *r)
+static int plan(struct rdma_run *r)
 {
     const struct rdma_piece *pc = r->p->list;
     r->recs = malloc((size_t)GK_MAX(r->p->count, 1u) * sizeof *r->recs);
@@ -118,7 +85,7 @@ static int plan(struct run *r)
         return -1;
     r->nrecs = 0;
     for (uint32_t i = 0; i < r->p->count; i++) {
-        struct wr_rec *last = r->nrecs ? &r->recs[r->nrecs - 1] : NULL;
+        struct rdma_wr_rec *last = r->nrecs ? &r->recs[r->nrecs - 1] : NULL;
         if (last && last->nsge < r->max_sge) {
             const struct rdma_piece *prev = &pc[last->first + last->nsge - 1];
             uint64_t wr_len = 0;
@@ -130,7 +97,7 @@ static int plan(struct run *r)
                 continue;
             }
         }
-        r->recs[r->nrecs++] = (struct wr_rec){.first = i, .nsge = 1};
+        r->recs[r->nrecs++] = (struct rdma_wr_rec){.first = i, .nsge = 1};
     }
     /* Blocks of `chain` WRs per QP, round-robin, so each post is one chain. */
     uint32_t n = r->q->n;
@@ -148,7 +115,7 @@ static int plan(struct run *r)
         at += counts[j];
     }
     for (uint32_t i = 0; i < r->nrecs; i++) {
-        struct qp_run *qr = &r->qps[r->recs[i].qp];
+        struct rdma_qp_run *qr = &r->qps[r->recs[i].qp];
         r->recs[i].seq = qr->total;
         qr->wrs[qr->total++] = i;
     }
@@ -156,9 +123,9 @@ static int plan(struct run *r)
 }
 
 /* Posts the next chain of QP j, as much as its send queue has room for. */
-static void post_chain(struct run *r, uint32_t j)
+static void post_chain(struct rdma_run *r, uint32_t j)
 {
-    struct qp_run *qr = &r->qps[j];
+    struct rdma_qp_run *qr = &r->qps[j];
     uint32_t room = r->q->sq_depth - (qr->posted - qr->confirmed);
     uint32_t count = GK_MIN(GK_MIN(r->chain, qr->total - qr->posted), room);
     if (count == 0)
@@ -169,7 +136,7 @@ static void post_chain(struct run *r, uint32_t j)
     uint32_t nsge = 0;
     for (uint32_t k = 0; k < count; k++) {
         uint32_t s = qr->posted + k;
-        const struct wr_rec *w = &r->recs[qr->wrs[s]];
+        const struct rdma_wr_rec *w = &r->recs[qr->wrs[s]];
         const struct rdma_piece *pc = &r->p->list[w->first];
         struct ibv_send_wr *wr = &wrs[k];
         memset(wr, 0, sizeof *wr);
@@ -205,7 +172,7 @@ static void post_chain(struct run *r, uint32_t j)
     qr->posted += count;
 }
 
-static uint32_t qp_index(const struct run *r, uint32_t qp_num)
+static uint32_t qp_index(const struct rdma_run *r, uint32_t qp_num)
 {
     for (uint32_t j = 0; j < r->q->n; j++)
         if (r->q->qp[j]->qp_num == qp_num)
@@ -214,7 +181,7 @@ static uint32_t qp_index(const struct run *r, uint32_t qp_num)
 }
 
 /* Returns the completions taken, or -1 when the CQ itself failed. */
-static int poll_completions(struct run *r)
+static int poll_completions(struct rdma_run *r)
 {
     struct ibv_wc wc[RDMA_POLL_BATCH];
     struct ibv_cq *cq = r->q->cq;
@@ -226,10 +193,10 @@ static int poll_completions(struct run *r)
         uint32_t j = qp_index(r, wc[i].qp_num);
         if (j == UINT32_MAX || wc[i].wr_id >= r->nrecs)
             continue;           /* not this run's: a QP of ours only carries our WRs */
-        struct qp_run *qr = &r->qps[j];
+        struct rdma_qp_run *qr = &r->qps[j];
         if (qr->dead)
             continue;           /* the flush of a QP already failed */
-        const struct wr_rec *w = &r->recs[wc[i].wr_id];
+        const struct rdma_wr_rec *w = &r->recs[wc[i].wr_id];
         if (wc[i].status == IBV_WC_SUCCESS) {
             qr->confirmed = GK_MAX(qr->confirmed, w->seq + 1);
             continue;
@@ -245,7 +212,7 @@ static int poll_completions(struct run *r)
     return n;
 }
 
-static int finished(const struct run *r)
+static int finished(const struct rdma_run *r)
 {
     for (uint32_t j = 0; j < r->q->n; j++)
         if (r->qps[j].confirmed < r->qps[j].total)
@@ -285,64 +252,79 @@ static int poll_flush(struct rdma_flush *f)
     return 1;
 }
 
-int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
-                  struct rdma_flush *flush, uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
-                  struct rdma_post_stats *stats)
+int rdma_post_start(struct rdma_run *r, struct rdma_qps *q, int opcode,
+                    const struct rdma_pieces *p, struct rdma_flush *flush, rdma_fail_fn fail,
+                    void *arg, struct rdma_post_stats *stats)
 {
-    struct run r = {
-        .q = q, .opcode = opcode, .p = p, .fail = fail, .arg = arg, .stats = stats,
+    *r = (struct rdma_run){
+        .q = q, .opcode = opcode, .p = p, .flush = flush, .fail = fail, .arg = arg,
+        .stats = stats,
         .max_sge = GK_MIN(GK_MAX(opcode == IBV_WR_RDMA_READ ? q->max_sge_rd : q->max_sge, 1u),
                           (uint32_t)RDMA_POST_MAX_SGE),
     };
-    r.chain = GK_MAX(GK_MIN((uint32_t)RDMA_POST_CHAIN, q->sq_depth / 2), 1u);
-    r.sig_every = GK_MAX(q->sq_depth / 2, 1u);
-    if (p->count == 0)
+    r->chain = GK_MAX(GK_MIN((uint32_t)RDMA_POST_CHAIN, q->sq_depth / 2), 1u);
+    r->sig_every = GK_MAX(q->sq_depth / 2, 1u);
+    if (p->count == 0) {
+        r->over = 1;
         return 0;
-    if (plan(&r)) {
-        free(r.recs);
+    }
+    if (plan(r)) {
         for (uint32_t i = 0; i < p->count; i++)
             fail(arg, p->list[i].key, GDRKV_E_INTERNAL);
-        return 0;
+        r->over = 1;
     }
-    int rc = 0, flushing = 0;
-    for (;;) {
-        int n;
-        if (!finished(&r)) {
-            for (uint32_t j = 0; j < q->n; j++)
-                if (!r.qps[j].dead && r.qps[j].posted < r.qps[j].total)
-                    post_chain(&r, j);
-            n = poll_completions(&r);
-            if (n < 0) {
-                for (uint32_t j = 0; j < q->n; j++)
-                    if (!r.qps[j].dead)
-                        qp_dies(&r, j, GDRKV_E_INTERNAL);
-                r.lost = 1;
-                break;
-            }
-        } else if (flush && !r.lost && flush->done < flush->n && !flush->err) {
-            /* Every data READ is confirmed: now the flushes, in this loop. */
-            if (!flushing && post_flush(flush)) {
-                flush->err = GDRKV_E_UNAVAILABLE;
-                break;
-            }
-            flushing = 1;
-            n = poll_flush(flush);
-            if (n < 0)
-                break;
-            if (n > 0)
-                flushing = 0;
-        } else {
-            break;
-        }
-        if (n == 0 && gk_now_ns() >= deadline_ns) {
-            rc = GDRKV_E_TIMEOUT;
-            if (flushing)
-                flush->err = GDRKV_E_TIMEOUT;
-            break;
-        }
-    }
-    free(r.qps[0].wrs);
-    free(r.recs);
-    return rc ? rc : r.lost ? GDRKV_E_INTERNAL : r.broken ? GDRKV_E_UNAVAILABLE : 0;
+    return 0;
 }
 
+int rdma_post_step(struct rdma_run *r)
+{
+    struct rdma_flush *flush = r->flush;
+    int n = 0;
+
+    if (r->over)
+        return 1;
+    if (!finished(r)) {
+        for (uint32_t j = 0; j < r->q->n; j++)
+            if (!r->qps[j].dead && r->qps[j].posted < r->qps[j].total)
+                post_chain(r, j);
+        n = poll_completions(r);
+        if (n < 0) {
+            for (uint32_t j = 0; j < r->q->n; j++)
+                if (!r->qps[j].dead)
+                    qp_dies(r, j, GDRKV_E_INTERNAL);
+            r->lost = 1;
+            r->over = 1;
+        }
+    } else if (flush && !r->lost && flush->done < flush->n && !flush->err) {
+        /* Every data READ is confirmed: now the flushes, in this loop. */
+        if (!r->flushing && post_flush(flush)) {
+            flush->err = GDRKV_E_UNAVAILABLE;
+            r->over = 1;
+            return 1;
+        }
+        r->flushing = 1;
+        n = poll_flush(flush);
+        r->over = n < 0;
+        if (n > 0)
+            r->flushing = 0;
+    } else {
+        r->over = 1;
+    }
+    r->idle = !r->over && n == 0;
+    return r->over;
+}
+
+int rdma_post_end(struct rdma_run *r, int timed_out)
+{
+    int rc = 0;
+    if (timed_out && !r->over) {
+        rc = GDRKV_E_TIMEOUT;
+        if (r->flushing)
+            r->flush->err = GDRKV_E_TIMEOUT;
+    }
+    free(r->qps[0].wrs);
+    free(r->recs);
+    r->qps[0].wrs = NULL;
+    r->recs = NULL;
+    return rc ? rc : r->lost ? GDRKV_E_INTERNAL : r->broken ? GDRKV_E_UNAVAILABLE : 0;
+}

@@ -11,7 +11,9 @@
  *   - only one WR in sq_depth/2, and the last one of each QP, asks for a
  *     completion; the send queue is never filled past its depth (a WR
  *     holds its slot until a signalled WR after it completes);
- *   - completions are busy-polled: the caller is waiting for them.
+ *   - completions are polled without sleeping, a step at a time
+ *     (rdma_post_step), by the caller's poll loop: the call's other
+ *     connections go on between steps.
  *
  * An error completion fails the keys of every WR its QP had not yet seen
  * confirmed, and no more WRs go to that QP; the caller then drops the
@@ -72,9 +74,58 @@ struct rdma_flush {
     int err;                        /* out: why they stopped short (the flusher must go) */
 };
 
-/* Runs every piece (opcode IBV_WR_RDMA_READ or IBV_WR_RDMA_WRITE) and
- * waits for it, then the flush READs when flush is not NULL (unless WRs may
- * still be in flight), until deadline_ns. Returns
+/* One work request: pieces [first, first + nsge) on QP qp, the seq-th WR
+ * of that QP in its run. */
+struct rdma_wr_rec {
+    uint32_t first;
+    uint32_t seq;
+    uint16_t nsge;
+    uint8_t qp;
+};
+
+struct rdma_qp_run {
+    uint32_t *wrs;              /* its WRs, indexes into the run's records */
+    uint32_t total;
+    uint32_t posted;
+    uint32_t confirmed;         /* WRs [0, confirmed) are known done */
+    uint32_t unsignalled;       /* posted since the last signalled WR */
+    int dead;
+};
+
+/* One frame's pieces in flight, kept by their connection between the
+ * steps of its poll loop (rdma_post_start, rdma_post_step, rdma_post_end). */
+struct rdma_run {
+    struct rdma_qps *q;
+    int opcode;
+    const struct rdma_pieces *p;
+    struct rdma_flush *flush;
+    struct rdma_wr_rec *recs;
+    uint32_t nrecs;
+    struct rdma_qp_run qps[RDMA_MAX_QPS];
+    uint32_t chain, sig_every, max_sge;
+    rdma_fail_fn fail;
+    void *arg;
+    struct rdma_post_stats *stats;
+    int broken;                 /* an error completion: that QP's keys failed */
+    int lost;                   /* a post or poll failed: WRs may be in flight untracked */
+    int flushing;               /* a flush READ is posted, its completion not taken */
+    int over;                   /* nothing more to post or take */
+    int idle;                   /* the last step took no completion */
+};
+
+/* Starts running every piece (opcode IBV_WR_RDMA_READ or IBV_WR_RDMA_WRITE),
+ * then the flush READs when flush is not NULL (unless WRs may still be in
+ * flight). Nothing is posted yet: rdma_post_step posts and polls, and
+ * rdma_post_end must follow, whatever happened. 0. */
+int rdma_post_start(struct rdma_run *r, struct rdma_qps *q, int opcode,
+                    const struct rdma_pieces *p, struct rdma_flush *flush, rdma_fail_fn fail,
+                    void *arg, struct rdma_post_stats *stats);
+/* Posts what the send queues have room for and takes the completions that
+ * came, without waiting: 1 when the run is over, 0 while work is still out
+ * (r->idle: this step took none). */
+int rdma_post_step(struct rdma_run *r);
+/* Ends the run: after its last step, or with timed_out when its deadline
+ * passed first. Returns
  *   0                    every WR confirmed (keys may still have failed),
  *   GDRKV_E_UNAVAILABLE  an error completion broke a QP: its unconfirmed
  *                        keys failed, nothing of it is in flight (an RC
@@ -84,8 +135,6 @@ struct rdma_flush {
  *   GDRKV_E_TIMEOUT, GDRKV_E_INTERNAL (a post or poll failed)  WRs may
  *                        still be in flight: the caller fails the frame
  *                        and destroys the QPs before returning. */
-int rdma_post_run(struct rdma_qps *q, int opcode, const struct rdma_pieces *p,
-                  struct rdma_flush *flush, uint64_t deadline_ns, rdma_fail_fn fail, void *arg,
-                  struct rdma_post_stats *stats);
+int rdma_post_end(struct rdma_run *r, int timed_out);
 
 #endif
