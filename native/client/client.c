@@ -427,7 +427,9 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
 #define OWN_TEXT(field) gk_text_u64(&t, #field, gk_counter_get(&k->field));
 #define FROM_TEXT(field, value) gk_text_u64(&t, #field, (value));
 #define RDMA_TEXT(field, help) gk_text_u64(&t, "rdma_" #field, gk_counter_get(&c->rdma->field));
-    CLIENT_COUNTERS(OWN_TEXT, OWN_TEXT, FROM_TEXT, RDMA_TEXT)
+#define GPU_TEXT(field) gk_text_u64(&t, "gpu_" #field, gk_counter_get(&k->gpu_##field));
+    CLIENT_COUNTERS(OWN_TEXT, OWN_TEXT, FROM_TEXT, RDMA_TEXT, GPU_TEXT)
+#undef GPU_TEXT
 #undef OWN_TEXT
 #undef FROM_TEXT
 #undef RDMA_TEXT

@@ -289,9 +289,9 @@ static void finish_gpu(struct gdrkv_client *c, struct client_call *call)
             fail_job(c, call, job, GDRKV_E_INTERNAL, "GPU copy failed");
         }
     }
-    gk_counter_add(&c->counters.gpu_bytes, g->stats.bytes);
-    gk_counter_add(&c->counters.gpu_kernel_launches, g->stats.kernel_launches);
-    gk_counter_add(&c->counters.gpu_copy_engine_calls, g->stats.copy_engine_calls);
+#define ADD_GPU_COUNTER(name) gk_counter_add(&c->counters.gpu_##name, g->stats.name);
+    GPU_STATS(ADD_GPU_COUNTER)
+#undef ADD_GPU_COUNTER
 }
 
 void client_run(struct gdrkv_client *c, struct client_call *call)
@@ -303,6 +303,6 @@ void client_run(struct gdrkv_client *c, struct client_call *call)
     for_each_server(c, call, check_in);
 #define ADD_CALL_COUNTER(name) gk_counter_add(&c->counters.name, call->batch.name);
     CLIENT_COUNTERS(CLIENT_COUNTER_NONE, ADD_CALL_COUNTER, CLIENT_COUNTER_NONE2,
-                    CLIENT_COUNTER_NONE2)
+                    CLIENT_COUNTER_NONE2, CLIENT_COUNTER_NONE)
 #undef ADD_CALL_COUNTER
 }

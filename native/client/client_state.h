@@ -61,9 +61,10 @@ struct gpu_call;
  * one too, which a call counts in its struct client_batch as it runs and
  * adds once at its end (client_run.c); FROM(name, value) is read where it
  * lives when the text is made: value is an expression of c, the client;
- * RDMA(name, help) are the rdma transport's (CLIENT_RDMA_COUNTERS). A new
- * counter is one line here. */
-#define CLIENT_COUNTERS(OWN, CALL, FROM, RDMA)                                                  \
+ * RDMA(name, help) are the rdma transport's (CLIENT_RDMA_COUNTERS); GPU(name)
+ * counts a GPU call's launches (gpu.h, GPU_STATS) as gpu_<name>, added at
+ * the call's end. A new counter is one line here. */
+#define CLIENT_COUNTERS(OWN, CALL, FROM, RDMA, GPU)                                             \
     CALL(bytes_sent)                                                                            \
     CALL(bytes_received)                                                                        \
     OWN(errors_timeout)             /* keys (or keyless frames) failed by each error */         \
@@ -81,11 +82,10 @@ struct gpu_call;
     CALL(shm_staged_sent_again)     /* followed PUT_STAGED frames the server sent back */       \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     CLIENT_RDMA_COUNTERS(RDMA)                                                                  \
-    OWN(gpu_bytes)                  /* bytes moved to or from GPU memory (client_gpu.c) */      \
-    OWN(gpu_kernel_launches)                                                                    \
-    OWN(gpu_copy_engine_calls)
+    GPU_STATS(GPU)
 
 #define CLIENT_COUNTER_FIELD(name) uint64_t name;
+#define CLIENT_COUNTER_GPU_FIELD(name) uint64_t gpu_##name;
 #define CLIENT_COUNTER_NONE(name)
 #define CLIENT_COUNTER_NONE2(name, value)
 
@@ -95,7 +95,7 @@ struct client_counters {
     uint64_t keys[GK_OP_MAX + 1];
     struct gk_latency latency[GK_OP_MAX + 1];
     CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE2,
-                    CLIENT_COUNTER_NONE2)
+                    CLIENT_COUNTER_NONE2, CLIENT_COUNTER_GPU_FIELD)
 };
 
 /* A client is shared by many threads: everything but the counters is set
@@ -219,7 +219,7 @@ struct client_batch {
     /* Traffic of the call, added to the client's counters once at the end:
      * the CALL counters of CLIENT_COUNTERS. */
     CLIENT_COUNTERS(CLIENT_COUNTER_NONE, CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE2,
-                    CLIENT_COUNTER_NONE2)
+                    CLIENT_COUNTER_NONE2, CLIENT_COUNTER_NONE)
     uint32_t follows_in_flight;     /* followed frames sent, not yet answered */
     uint32_t frames_unstarted;      /* frames of the call not begun yet */
 };

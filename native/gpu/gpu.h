@@ -63,11 +63,16 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
 void gpu_list_reset(struct gpu_list *l);
 void gpu_list_free(struct gpu_list *l);
 
-/* What a launch did, for the client's counters. */
+/* What launches did, one line each: the client counts them as gpu_<name>
+ * (client_state.h, CLIENT_COUNTERS). */
+#define GPU_STATS(X)                                                                 \
+    X(bytes)                /* bytes moved to or from GPU memory */                 \
+    X(kernel_launches)                                                              \
+    X(copy_engine_calls)
+
+#define GPU_STATS_FIELD(name) uint64_t name;
 struct gpu_stats {
-    uint64_t bytes;
-    uint64_t kernel_launches;
-    uint64_t copy_engine_calls;
+    GPU_STATS(GPU_STATS_FIELD)
 };
 
 /* One launch at a time per slot: its descriptors stay readable by the GPU
