@@ -24,10 +24,11 @@
 #define CLIENT_MAX_CONNS 64
 /* shm copies, out of the pool and into staging, are shared with up to 7
  * helpers (one fewer than the CPUs) from 512 KiB on a host of 8 CPUs or
- * more: one core copies ~10 GB/s there, and a PUT's frames (1 MiB then) were
- * copied into staging one after another by the calling thread (7.5 GB/s
- * on a 16-core host, 16-19 GB/s shared). On a smaller host only frames
- * from 4 MiB are: a helper there takes the core the server copies on. */
+ * more: one core copies well below what the pool and staging take, and
+ * alone the calling thread fills a PUT's frames one after another
+ * (docs/transports.md, "GET: lease, copy, release"). On a smaller host only
+ * frames from 4 MiB are: a helper there takes the core the server copies
+ * on. */
 #define CLIENT_COPY_HELPERS 7
 #define CLIENT_COPY_PARALLEL_BYTES (512u << 10)
 #define CLIENT_COPY_PARALLEL_BYTES_FEW_CPUS (4u << 20)
@@ -38,12 +39,10 @@
  * into the pool (a single larger object is a frame of its own). On a
  * small host, 1 MiB frames keep the staged bytes in the CPU cache between
  * the two copies, and let the server copy one connection's frame while
- * the client fills the next's: on a 2-core VM two copies pipelined
- * through 1 MiB slots ran at 0.9x one memcpy, through 16 MiB slots at
- * 0.6x. Where both copies are shared with helpers, a 1 MiB frame's copy
- * is mostly the helpers' wake-ups: on a 16-CPU host, PUTs of 1 MiB values
- * ran at 16-18 GB/s in 1 MiB frames, 22-25 in 8 MiB frames, 24 in 16 MiB
- * ones (docs/benchmarks.md, session 19). */
+ * the client fills the next's. Where both copies are shared with helpers,
+ * a 1 MiB frame's copy is mostly the helpers' wake-ups, and 8 MiB frames
+ * go as fast as 16 MiB ones with half the staging in flight
+ * (docs/transports.md, "PUT: staging, then the server's copy"). */
 #define CLIENT_SHM_PUT_FRAME_BYTES (1u << 20)
 #define CLIENT_SHM_PUT_FRAME_BYTES_MANY_CPUS (8u << 20)
 

@@ -92,8 +92,9 @@ static void lay_out_keys(struct arena *a, struct key_tables *t, struct client_ba
 
 /* The measuring pass notes the frames it plans, up to PLANNED_MAX of
  * them, and the filling pass replays the notes: a batch of small pages
- * walks its keys once, not twice (planning 4096 keys took 13-22 us, now
- * 7-11, on the 2-core VM). A call of more frames is planned again. */
+ * walks its keys once, not twice, which halves its planning
+ * (docs/benchmarks-log.md, "Where a small-page GPU GET's time goes;
+ * planning once"). A call of more frames is planned again. */
 #define PLANNED_MAX 64
 
 struct planned_frame {
@@ -433,10 +434,11 @@ static void gather_kept_keys(const struct client_keys *k, struct client_batch *b
 
 /* One server: its group is every good key in the caller's order, so
  * each key is checked and gathered in one pass, and the keys move in one
- * copy unless one was refused (4096 keys: 35 us of routing, then
- * gathering, became 22 us on the 2-core VM). Nothing in the loop is
- * copied bytewise, so the compiler keeps the arrays' addresses in
- * registers. Returns how many keys will be sent. */
+ * copy unless one was refused (a third less time than routing, then
+ * gathering: docs/benchmarks-log.md, "Planning a small-page GPU GET in
+ * fewer passes; deletes fetched ahead"). Nothing in the loop is copied
+ * bytewise, so the compiler keeps the arrays' addresses in registers.
+ * Returns how many keys will be sent. */
 static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct client_keys *k,
                                       const struct key_tables *t, struct client_batch *b,
                                       uint8_t op, uint64_t now)

@@ -50,8 +50,9 @@ static int classify(struct classifier *k, uint64_t ptr, uint64_t len)
     if (len == 0)
         return -1;
     /* Segments mostly lie in the region of the one before. No division
-     * per segment: with `(last + n) % nregions`, 4096 segments took 21 us
-     * to classify on an H200 host, and 14 us without. */
+     * per segment: with `(last + n) % nregions` classifying took half again
+     * as long (docs/benchmarks-log.md, "Where a small-page GPU GET's time
+     * goes; planning once"). */
     for (uint32_t n = 0, i = k->last; n < k->nregions; n++, i = i + 1 == k->nregions ? 0 : i + 1) {
         const struct client_region *r = &k->regions[i];
         if (ptr < r->ptr || ptr - r->ptr >= r->len)
@@ -147,10 +148,10 @@ static struct gpu_call *call_alloc(const struct client_keys *k, uint64_t nsegs, 
 /* Whether every segment with bytes lies inside one registered range that
  * holds: its GPU ordinal, -1 for a host range, else ONE_RANGE_NO (then
  * each segment is classified on its own). An engine's calls mostly read
- * and write one registered KV pool, and this is one pass of min and max:
- * a GET of 4096 GPU pages was classified 43 us into the call one segment
- * at a time, and 20 us in this way, of ~110 and ~75 us of planning on
- * H100 hosts (docs/benchmarks.md, session 18). */
+ * and write one registered KV pool, and this is one pass of min and max,
+ * where a lookup per segment was over a third of a small-page GET's
+ * planning (docs/gpu.md, "Limits"; docs/benchmarks-log.md, "Planning a
+ * small-page GPU GET in fewer passes; deletes fetched ahead"). */
 static int in_one_range(struct classifier *cl, const struct client_keys *k, uint64_t nsegs)
 {
     uint64_t lo = UINT64_MAX, hi = 0;

@@ -177,8 +177,8 @@ static void step_ready(struct gdrkv_client *c, struct client_call *call, uint32_
 /* How long the calling thread polls for a followed frame's answer before
  * it sleeps in poll(). The server copies behind this thread's copy, so
  * the answer comes within tens of us of its end: sooner than a sleeping
- * thread is back on a VM's CPU (~40 us). 4 KiB PUTs on the 2-core VM:
- * 301 -> 263 us per call (docs/benchmarks.md, session 17). */
+ * thread is back on a VM's CPU (docs/transports.md, "PUT: staging, then
+ * the server's copy"). */
 #define CLIENT_FOLLOWED_SPIN_NS 80000ull
 
 /* Polls the call's sockets without sleeping until one is ready, the spin

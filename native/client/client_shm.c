@@ -456,8 +456,8 @@ static int stage_values(struct client_conn *c)
  * shared with the helpers, fills staging out of order. And one frame of a
  * call at a time: a following worker holds its core while this thread
  * copies, and with every frame followed the workers of a 16-frame call
- * held the cores that workers with frames already staged needed (64 KiB
- * PUTs ran 2.5-3.5x slower in half the runs on a 2-core VM). The call's
+ * held the cores that workers with frames already staged needed
+ * (docs/transports.md, "PUT: staging, then the server's copy"). The call's
  * last frame is followed in any case: the server's copy of the frames
  * before it overlaps this thread's copies of the next, but the last
  * frame's copy would be the call's tail. */

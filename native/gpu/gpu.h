@@ -36,8 +36,9 @@ enum gpu_mode {
  * a big page spreads over many warps. */
 #define GPU_UNIT_BYTES (32u << 10)
 /* auto: pieces at least this large on average go to the copy engines,
- * which match the kernel from that size on (measured on an H200,
- * docs/gpu.md) without taking SMs or HBM bandwidth from the engine. */
+ * which match the kernel from that size on (docs/gpu.md,
+ * "`gpu_copy=kernel|copy_engine|auto`, and streams") without taking SMs or
+ * HBM bandwidth from the engine. */
 #define GPU_AUTO_COPY_ENGINE_BYTES (64u << 10)
 
 struct gpu_piece {

@@ -31,16 +31,18 @@
 #include "server_worker.h"
 #include "store/store.h"
 
-/* Staged PUT frames from 512 KiB up (clients send up to 1 MiB) are copied
- * by their worker and up to 8 helpers together: one core copies ~10 GB/s
- * on a big host, and a GPU fills staging at five times that. */
+/* Staged PUT frames from 512 KiB up (clients send up to 8 MiB, 1 MiB on
+ * hosts under 8 CPUs) are copied by their worker and up to 8 helpers
+ * together: one core copies well below what a GPU or several clients
+ * write into staging (docs/transports.md, "PUT: staging, then the
+ * server's copy"). */
 #define SERVER_COPY_HELPERS 8
 #define SERVER_COPY_PARALLEL_BYTES (512u << 10)
 
 /* Helpers for staged copies: half the CPUs but the worker's own, at most
  * SERVER_COPY_HELPERS. The other half stay with the clients that fill
- * staging meanwhile: on a 2-core host a helper took the client's core and
- * 1 MiB CPU PUTs fell from 16 to 10-13 GB/s. */
+ * staging meanwhile: on a 2-core host a helper takes the client's core
+ * (docs/benchmarks-log.md, "Staged copies on helper threads"). */
 static int copy_helpers(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

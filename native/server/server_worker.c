@@ -13,10 +13,9 @@
  * For busy_poll_ns after an event it polls instead of sleeping: a client's
  * next frame (the RELEASE or COMMIT after its copy, its next call) then
  * finds it awake. Not after a staged PUT: that client fills its staging
- * again first, and the CPUs are better left to the copies; polling there
- * took 1 MiB CPU PUTs over shm from 18 to 15-16 GB/s on a 16-CPU host.
- * (A followed frame's client sends its next request before it copies;
- * polling after those is not measured.)
+ * again first, and the CPUs are better left to the copies
+ * (docs/operations.md, "Busy polling"). (A followed frame's client sends
+ * its next request before it copies; polling after those is untried.)
  */
 #include <errno.h>
 #include <sched.h>
@@ -352,11 +351,10 @@ static int close_between_frames(struct server_worker *w)
 
 /* Polling, the worker gives way to any thread waiting for its CPU (the
  * copy helpers, on either side, must not wait for a worker with nothing to
- * do), then waits a few microseconds before it polls again. Polls back to
- * back cost the host's CPU PUTs: 1 MiB ones over shm ran at 16.8-17.9
- * GB/s against 18.2-19.5 without polling, and at 18.2-19.1 with these
- * pauses (16-CPU host). A likely reason: each epoll_wait takes the lock a
- * client's send takes to wake the worker. */
+ * do), then waits a few microseconds before it polls again: polls back to
+ * back, even yielding, cost CPU PUTs over shm (docs/benchmarks-log.md,
+ * "Workers that poll before they sleep"). A likely reason: each
+ * epoll_wait takes the lock a client's send takes to wake the worker. */
 static void between_polls(void)
 {
     sched_yield();

@@ -86,10 +86,10 @@ static inline void lookups_begin(struct store *s, struct lookups *l, const struc
 /* While key i of a batch is looked up, fetches the bucket of key i +
  * LOOKUP_AHEAD and the first node in the bucket of key i + LOOKUP_AHEAD /
  * 2 (fetched that many keys ago): with millions of objects each is a
- * cache miss: a PUT of 256 x 4 KiB into a store of 2 million objects
- * took 369-400 us without these fetches and 233-276 us with them, the
- * same 205 us either way into an empty store (2-core VM,
- * docs/benchmarks.md, session 15). */
+ * cache miss, which the fetches hide; into a store that fits the caches
+ * they cost nothing (docs/benchmarks-log.md, "Where a small-page GPU
+ * GET's time goes; planning once": lookups in a store of millions of
+ * objects). */
 static inline void lookups_prefetch(struct store *s, const struct lookups *l, uint32_t i,
                                     uint32_t n)
 {

@@ -25,8 +25,9 @@
 #include "common/log.h"
 
 #define POOL_HUGE_PAGE (2ull << 20)
-/* First touch runs at about 1 GB/s per thread on VMs; a thread per this
- * many bytes, up to POOL_TOUCH_THREADS, is where threads start to pay. */
+/* First touch is a page fault and a zeroed page per page, slow on one
+ * thread; a thread per this many bytes, up to POOL_TOUCH_THREADS, is where
+ * threads start to pay. */
 #define POOL_TOUCH_BYTES_PER_THREAD (256ull << 20)
 #define POOL_TOUCH_THREADS 8
 

@@ -135,8 +135,8 @@ static uint32_t find_heads(struct store *s, struct scan_job *jobs)
  * cut); each job moves its heads to their ranges, then each range is
  * sorted on its own, a byte at a time from the least significant (LSD
  * radix). Bytes, not 16-bit digits: these scatter each pass over 65536
- * places, a TLB miss per head (an H100 host sorted 12.9 million heads in
- * 0.88 s with 16-bit digits, 0.47 s with bytes, on one thread).
+ * places, a TLB miss per head, and sorted at about half the speed
+ * (docs/benchmarks-log.md, "Pool-file restarts rebuilt on every core").
  */
 #define SORT_BINS 4096
 

@@ -622,9 +622,10 @@ static void delete_from_disk(struct store *s, const struct gk_ns *ns, const stru
 void store_delete_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                         uint32_t n, int32_t *status)
 {
-    /* Hashed before the lock and fetched ahead, as reads are: a server
-     * churning 4 KiB PUTs and deletes spent 13.8% of its CPU in the
-     * deletes' lookups (docs/benchmarks.md, session 17). */
+    /* Hashed before the lock and fetched ahead, as reads are: most of a
+     * churning server's lookup time went to its deletes' lookups
+     * (docs/benchmarks-log.md, "Planning a small-page GPU GET in fewer
+     * passes; deletes fetched ahead"). */
     struct lookups l;
     lookups_begin(s, &l, ns, e, n, LOOKUP_EXCLUSIVE);
     for (uint32_t i = 0; i < n; i++) {
