@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the virtual environment of the LMCache-with-vLLM tests
-# (tests/test_lmcache_vllm.py): vLLM 0.33.0, LMCache 0.5.6 and gdrkv from this
+# (tests/engines/test_lmcache_vllm.py): vLLM 0.33.0, LMCache 0.5.6 and gdrkv from this
 # checkout, on a CPU-only machine. vLLM pins another transformers than SGLang,
 # so it cannot share .venv-test. Safe to run again.
 #

@@ -65,7 +65,7 @@ echo "== virtual environment, engines (torch, sglang, lmcache) and test tools"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel cffi
 bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
 # vLLM pins another transformers than SGLang: the LMCache-with-vLLM tests
-# (tests/test_lmcache_vllm.py) run their workers in an environment of its
+# (tests/engines/test_lmcache_vllm.py) run their workers in an environment of its
 # own, with an optimised gdrkv from this checkout.
 echo "== vLLM test environment"
 bash "$ROOT/tests/install_vllm_env.sh" "$ROOT/.venv-vllm"
@@ -85,10 +85,10 @@ run_pytest "$@"
 # clients get instead), and two rdma tests timed for objects of one chunk
 # (over a pool file a 1 MiB value takes two: its header comes first).
 echo "== transports over a pool file"
-GDRKV_TEST_POOL_FILE=1 run_pytest tests/test_roundtrip.py tests/test_shm.py tests/test_rdma.py \
-    tests/test_writes.py tests/test_eviction.py tests/test_put_if_absent.py \
-    tests/test_state_machine.py tests/test_concurrency.py tests/test_leases.py \
-    tests/test_bad_input.py tests/test_limits.py tests/test_multiserver.py tests/test_drain.py \
+GDRKV_TEST_POOL_FILE=1 run_pytest tests/client/test_roundtrip.py tests/transports/test_shm.py tests/transports/test_rdma.py \
+    tests/client/test_writes.py tests/store/test_eviction.py tests/server/test_put_if_absent.py \
+    tests/server/test_state_machine.py tests/client/test_concurrency.py tests/server/test_leases.py \
+    tests/server/test_bad_input.py tests/server/test_limits.py tests/client/test_multiserver.py tests/ops/test_drain.py \
     -k "not test_server_restarted_under_a_client and not test_server_killed_mid_batch \
         and not test_timed_out_reads_leave_no_late_dma \
         and not test_pool_is_shared_read_only_and_sealed" "$@"
