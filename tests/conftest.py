@@ -46,6 +46,14 @@ def hang_guard():
     faulthandler.cancel_dump_traceback_later()
 
 
+def pytest_runtest_setup(item):
+    """The pool-file pass (GDRKV_TEST_POOL_FILE=1) skips what holds only over
+    a memfd pool, saying why."""
+    mark = item.get_closest_marker("memfd_pool")
+    if mark and os.environ.get("GDRKV_TEST_POOL_FILE") == "1":
+        pytest.skip(f"memfd pool only: {mark.args[0]}")
+
+
 # ---------------------------------------------------------------- servers
 
 @pytest.fixture

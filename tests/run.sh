@@ -78,20 +78,11 @@ echo "== build (optimised) and test suite"
 build
 run_pytest "$@"
 
-# The transports' suites again with every server on a pool file
-# (--pool-file, docs/operations.md "Restarts"). Left out: tests that expect
-# a restarted server to come back empty (a pool file's point is that it
-# doesn't), the memfd's seals (a file has none: test_restart checks what
-# clients get instead), and two rdma tests timed for objects of one chunk
-# (over a pool file a 1 MiB value takes two: its header comes first).
+# The tests marked pool_file again with every server on a pool file
+# (--pool-file, docs/operations.md "Restarts"); those marked memfd_pool say
+# why they are skipped there.
 echo "== transports over a pool file"
-GDRKV_TEST_POOL_FILE=1 run_pytest tests/client/test_roundtrip.py tests/transports/test_shm.py tests/transports/test_rdma.py \
-    tests/client/test_writes.py tests/store/test_eviction.py tests/server/test_put_if_absent.py \
-    tests/server/test_state_machine.py tests/client/test_concurrency.py tests/server/test_leases.py \
-    tests/server/test_bad_input.py tests/server/test_limits.py tests/client/test_multiserver.py tests/ops/test_drain.py \
-    -k "not test_server_restarted_under_a_client and not test_server_killed_mid_batch \
-        and not test_timed_out_reads_leave_no_late_dma \
-        and not test_pool_is_shared_read_only_and_sealed" "$@"
+GDRKV_TEST_POOL_FILE=1 run_pytest -m pool_file "$@"
 
 echo "== build (ASan + UBSan) and test suite again"
 build GDRKV_SANITIZE=1

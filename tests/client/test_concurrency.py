@@ -16,6 +16,8 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.util import run_threads, stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 SERVER_MEMORY = "128MiB"
 KEYS = [f"shared-{i}" for i in range(64)]
 OPS = 150

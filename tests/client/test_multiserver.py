@@ -15,6 +15,8 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.util import background, stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 TIMEOUT_MS = 1000
 MARGIN_S = 1.0                  # scheduling slack on a loaded 2-core machine
 FAST_S = 0.5                    # a short-circuited call is well under the timeout

@@ -17,6 +17,8 @@ from support.softverbs import TRANSPORTS
 from support.util import unique
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 SERVER_MEMORY = "256MiB"
 BATCH_BYTES = 24 << 20          # well under the pool: nothing may be evicted
 GUARD = 16                      # bytes between segments that no transfer may touch

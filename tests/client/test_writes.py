@@ -26,6 +26,8 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.util import stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 SIZES = [1, 4096, 65536, (1 << 20) + 3, 3 << 20]
 
 

@@ -1,6 +1,8 @@
 """SIGTERM drains (#19): the server stops accepting, lets the frames in
 flight finish (within --drain-timeout-ms), closes every connection, and
 exits 0; a client between frames is let go at once."""
+import pytest
+
 import re
 import signal
 import socket
@@ -11,6 +13,8 @@ from support import wire
 from support.content import batch_put_bytes, content
 from support.util import background, unique, wait_for
 from gdrkv import errors
+
+pytestmark = pytest.mark.pool_file
 
 
 def test_a_frame_in_flight_finishes(server_factory, make_client):

@@ -14,6 +14,8 @@ from support.content import content
 from support.util import stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 SERVER_MEMORY = "64MiB"
 STALL_TIMEOUT_MS = 1000
 SERVER_ARGS = ["--stall-timeout-ms", str(STALL_TIMEOUT_MS)]

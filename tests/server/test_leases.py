@@ -1,8 +1,12 @@
 """Pins protect objects while they are being sent, and reservations are
 invisible until committed; both are released when a connection goes."""
+import pytest
+
 from support import wire
 from support.content import batch_put_bytes, content
 from support.util import stat, wait_for
+
+pytestmark = pytest.mark.pool_file
 
 SERVER_MEMORY = "32MiB"
 NAMESPACE = "leases"

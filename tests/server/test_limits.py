@@ -15,6 +15,8 @@ from support.content import batch_put_bytes, content
 from support.util import background, stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 MiB = 1 << 20
 
 

@@ -1,8 +1,12 @@
 """Objects are immutable: a second PUT of a key succeeds without rewriting
 (engines re-send the same pages all the time)."""
+import pytest
+
 from support.content import batch_get_bytes, batch_put_bytes, content
 from support.util import stat
 from gdrkv import errors
+
+pytestmark = pytest.mark.pool_file
 
 SERVER_MEMORY = "64MiB"
 

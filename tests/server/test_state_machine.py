@@ -31,6 +31,8 @@ from support.softverbs import SOFTVERBS
 from support.util import stat, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 NS = b"sm"
 KEYS = [b"k%d" % i for i in range(6)]
 TRANSPORTS = ["tcp", "unix"] + (["rdma"] if SOFTVERBS else [])

@@ -3,8 +3,12 @@ a read is a miss or the exact bytes (never wrong ones), and switching
 between very different object sizes never wedges the allocator."""
 import random
 
+import pytest
+
 from support.content import batch_get_bytes, batch_put_bytes, check_read, content
 from support.util import stat
+
+pytestmark = pytest.mark.pool_file
 
 SERVER_MEMORY = "32MiB"
 SMALL, LARGE, MULTI_CHUNK = 48 << 10, 1 << 20, (3 << 20) + 5

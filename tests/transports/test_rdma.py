@@ -16,8 +16,9 @@ from support.softverbs import SOFTVERBS, counters, softverbs
 from support.util import python_child, stat, unique
 from gdrkv import errors
 
-pytestmark = pytest.mark.skipif(SOFTVERBS is None, reason="built without softverbs "
-                                "(no <infiniband/verbs.h>); run.sh requires it")
+pytestmark = [pytest.mark.pool_file,
+              pytest.mark.skipif(SOFTVERBS is None, reason="built without softverbs "
+                                 "(no <infiniband/verbs.h>); run.sh requires it")]
 
 IBV_WC_REM_ACCESS_ERR = 10
 
@@ -185,6 +186,8 @@ print(sum(r == size for r in outcome["results"]))
 """
 
 
+@pytest.mark.memfd_pool("timed for objects of one chunk; over a pool file a 1 MiB value takes "
+                        "two (its header comes first)")
 def test_server_killed_mid_batch(server_factory, make_client):
     """The server dies in the middle of a batch striped over 4 connections:
     the frames whose RELEASE was answered before are byte-exact, the others
@@ -346,6 +349,8 @@ print(round(took, 3), int((at_return != 0x11).sum()))
 """
 
 
+@pytest.mark.memfd_pool("timed for objects of one chunk; over a pool file a 1 MiB value takes "
+                        "two (its header comes first)")
 def test_timed_out_reads_leave_no_late_dma(server_factory, make_client):
     """docs/transports.md: a call that times out with WRs outstanding
     destroys its QPs, so no READ lands after it returned. softverbs runs

@@ -28,6 +28,8 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.util import background, stat, unique, wait_for
 from gdrkv import errors
 
+pytestmark = pytest.mark.pool_file
+
 SERVER_MEMORY = "64MiB"
 
 
@@ -124,6 +126,7 @@ def test_shm_off_makes_auto_use_tcp_and_shm_unavailable(server_factory, make_cli
 
 # ---------------------------------------------------------------- what a client can do
 
+@pytest.mark.memfd_pool("a pool file has no seals: test_restart checks what clients get instead")
 def test_pool_is_shared_read_only_and_sealed(server):
     with wire.connect_unix(server.unix_path) as conn:
         hdr, results, fd = wire.hello(conn)
@@ -375,6 +378,8 @@ def _read_until_expired(url, ready):
 
 # ---------------------------------------------------------------- servers come and go
 
+@pytest.mark.memfd_pool("expects the restarted server to come back empty; over a pool file it "
+                        "doesn't")
 def test_server_restarted_under_a_client(server_factory, make_client):
     server = server_factory()
     client = shm_client(make_client, server, timeout_ms=1000, backoff_min_ms=50,
