@@ -27,7 +27,7 @@ settings.register_profile(
 )
 settings.load_profile("gdrkv")
 
-TEST_TIMEOUT_S = 400.0          # above the slowest test (the native suite's 300 s)
+TEST_TIMEOUT_S = 400.0          # above the slowest test (a native item's 300 s)
 
 
 # Where the hang guard writes the stacks: pytest captures fd 2, and a

@@ -92,5 +92,5 @@ build GDRKV_SANITIZE=1
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    run_pytest -k "not test_native" "$@"
+    run_pytest -m "not native" "$@"
 echo "== all passes green"
