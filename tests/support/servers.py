@@ -3,6 +3,7 @@ which the conftest fixtures wrap) and the misbehaving fake servers of the
 fail-soft tests (FakeServer)."""
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,10 +25,15 @@ PR_SET_PDEATHSIG = 1
 # Not a preexec_fn: Python code between fork and exec can deadlock in a
 # process with threads (the suite has many, ASan more), and Popen then waits
 # for that child forever.
-DIE_WITH_PARENT = [sys.executable, "-c",
-                   "import ctypes, os, sys; "
-                   f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}); "
-                   "os.execv(sys.argv[1], sys.argv[1:])"]
+# util-linux's setpriv sets it and execs the server; where it is missing, a
+# Python child does the same at the cost of one more interpreter start per
+# server (hundreds in a pass).
+SETPRIV = shutil.which("setpriv")
+DIE_WITH_PARENT = ([SETPRIV, "--pdeathsig", "KILL", "--"] if SETPRIV else
+                   [sys.executable, "-c",
+                    "import ctypes, os, sys; "
+                    f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}); "
+                    "os.execv(sys.argv[1], sys.argv[1:])"])
 
 
 class ServerProcess:
