@@ -112,6 +112,7 @@ run_pytest() {
     local python=$1; shift
     local -x TMPDIR
     TMPDIR=$(mktemp -d "$PASS_TMP/gdrkv-XXXX")     # short: unix socket paths live under it
+    chmod 1777 "$TMPDIR"        # as /tmp: test_shm_trust's children run as nobody
     (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadfile \
         --durations=20 "$@") && { rm -rf "$TMPDIR"; return 0; }
     local rc=$?

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from support.util import unique
-from support.vllm import VLLM_PYTHON
+from support.vllm_env import VLLM_PYTHON
 
 
 @pytest.fixture

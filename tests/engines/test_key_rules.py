@@ -114,7 +114,7 @@ def test_sglang_model_is_tagged_with_the_pools_storage_format():
     adapter keys on that name, so the two never share pages."""
     engines.require("sglang")
     engines.torchvision_stand_in()      # SGLang's config modules import it
-    import sglang_pools
+    from support import sglang_pools
     from gdrkv.adapters.sglang_hicache.page_keys import key_scheme
     from sglang.srt.managers.cache_controller import storage_model_name
 

@@ -119,7 +119,7 @@ def adapter_prefix(**config):
     """The adapter's key prefix for page_first bf16 pages under a
     HiCacheStorageConfig with these fields."""
     engines.require("sglang.srt.mem_cache.hicache_storage")
-    import sglang_pools
+    from support import sglang_pools
     from gdrkv.adapters.sglang_hicache.page_keys import key_scheme
 
     return key_scheme(sglang_pools.storage_config(**config), layout="page_first", dtype="bf16",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.util import unique
-from support.vllm import run_vllm_script, vllm_env
+from support.vllm_env import run_vllm_script, vllm_env
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "lmcache_vllm_worker.py"
 CHUNK_TOKENS = 16                 # lmcache_vllm_worker.CHUNK_TOKENS

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from support.util import unique
-from support.vllm import run_vllm_script, vllm_env
+from support.vllm_env import run_vllm_script, vllm_env
 
 ENGINE = Path(__file__).resolve().parents[1] / "support" / "vllm_engine.py"
 BLOCK = 16                  # vllm_engine.BLOCK

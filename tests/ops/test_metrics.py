@@ -230,7 +230,7 @@ def test_the_grafana_dashboard_queries_only_exported_series(server):
 def test_nic_counters(server_factory, tmp_path, monkeypatch):
     """The RDMA ports' own counters (sysfs, as `gdrkv stat --nic` reads
     them), here from a fake tree: the data words as bytes, the rest by name."""
-    import fake_sysfs
+    from support import fake_sysfs
     monkeypatch.setenv("GDRKV_SYSFS_ROOT", str(fake_sysfs.build(tmp_path / "root")))
     server = server_factory("32MiB", args=["--metrics-listen", "127.0.0.1:0", "--rdma", "off"])
     fams = families(scrape(server))
