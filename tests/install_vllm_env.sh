@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the virtual environment of the LMCache-with-vLLM tests
-# (tests/test_lmcache_vllm.py): vLLM 0.33.0, LMCache 0.5.6 and gdrkv from this
+# (tests/engines/test_lmcache_vllm.py): vLLM 0.33.0, LMCache 0.5.6 and gdrkv from this
 # checkout, on a CPU-only machine. vLLM pins another transformers than SGLang,
 # so it cannot share .venv-test. Safe to run again.
 #
@@ -36,7 +36,13 @@ pip_install --no-warn-conflicts --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 
 bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python" lmcache
 
-# gdrkv itself, optimised; build/ first, as tests/run.sh's build() does.
-rm -rf "$ROOT/build"
-pip_install --no-cache-dir --no-build-isolation --force-reinstall --no-deps "$ROOT"
-rm -rf "$ROOT/build"
+# gdrkv itself, optimised: the wheel GDRKV_WHEEL names (tests/run.sh builds
+# one for both environments), else built here; build/ first, as run.sh's
+# build() does.
+if [ -n "${GDRKV_WHEEL:-}" ]; then
+    pip_install --force-reinstall --no-deps "$GDRKV_WHEEL"
+else
+    rm -rf "$ROOT/build"
+    pip_install --no-cache-dir --no-build-isolation --force-reinstall --no-deps "$ROOT"
+    rm -rf "$ROOT/build"
+fi

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The test command (README.md; .ci/run calls it). On a fresh machine it
-# installs what the tests need (Debian packages, a virtual environment with
-# the package and its test extra), runs the whole suite, then runs it once
-# more with the native library built under AddressSanitizer and UBSan.
+# installs what the tests need (Debian packages, virtual environments with
+# the engines and the test extra), then runs three passes: the whole suite
+# on an optimised build, the transports' suites again with every server on
+# a pool file, and the whole suite once more on a build under AddressSanitizer
+# and UBSan. Each pass spreads its test files over GDRKV_TEST_JOBS
+# pytest-xdist workers and prints its 20 slowest tests.
 #
-#   bash tests/run.sh            # everything
-#   bash tests/run.sh -k eviction  # extra arguments go to pytest (both passes)
+#   bash tests/run.sh              # everything
+#   bash tests/run.sh -k eviction  # extra arguments go to pytest (every pass)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -16,6 +19,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export GDRKV_REQUIRE_ENGINES=1
 # Likewise softverbs: the rdma tests must run, not skip.
 export GDRKV_REQUIRE_RDMA=1
+# Workers per pass. The tests mostly wait on servers, children and
+# timeouts, so more workers than this machine's 2 cores still pay.
+JOBS=${GDRKV_TEST_JOBS:-4}
+START=$SECONDS
+phase() { echo "== [$(( (SECONDS - START) / 60 ))m$(( (SECONDS - START) % 60 ))s] $*"; }
 
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
@@ -31,75 +39,104 @@ command -v clang >/dev/null || need_apt+=(clang)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 export GDRKV_REQUIRE_LIBFUZZER=1
 if [ ${#need_apt[@]} -gt 0 ]; then
-    echo "== installing Debian packages: ${need_apt[*]}"
+    phase "installing Debian packages: ${need_apt[*]}"
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
-VENV=$ROOT/.venv-test
+VENV=$ROOT/.venv-test           # the engines, the test tools and an optimised gdrkv
+ASAN_VENV=$ROOT/.venv-asan      # gdrkv under ASan + UBSan; every other package is .venv-test's
+VLLM_VENV=$ROOT/.venv-vllm      # vLLM pins another transformers than SGLang
+WHEELS=$VENV/wheels
 
-# build [ENV=VALUE...]: rebuilds gdrkv from this checkout into the venv.
+# build DEST_VENV [ENV=VALUE...]: gdrkv from this checkout into DEST_VENV.
 # setuptools reuses objects in build/ by timestamp, not by flags, so build/
 # goes first or a sanitized build could link optimised objects.
 build() {
+    local dest=$1; shift
     rm -rf "$ROOT/build"
-    env "$@" "$VENV/bin/pip" install -q --no-cache-dir --no-build-isolation --force-reinstall \
-        --no-deps "$ROOT"
+    env "$@" "$dest/bin/python" -m pip install -q --no-cache-dir --no-build-isolation \
+        --force-reinstall --no-deps "$ROOT"
+    rm -rf "$ROOT/build"
 }
 
-# run_pytest [pytest args...]: pytest exits 5 when it collected nothing,
-# which must count as a failure here.
+# in_background LOG COMMAND...: runs it with its output in LOG; `finish`
+# waits for it and shows LOG if it failed.
+in_background() {
+    local log=$1; shift
+    "$@" >"$log" 2>&1 &
+    BG_PIDS+=($!) BG_LOGS+=("$log")
+}
+finish() {
+    local i rc=0
+    for i in "${!BG_PIDS[@]}"; do
+        wait "${BG_PIDS[$i]}" || { rc=$?; echo "failed ($rc), its log:"; cat "${BG_LOGS[$i]}"; }
+    done
+    BG_PIDS=() BG_LOGS=()
+    return $rc
+}
+BG_PIDS=() BG_LOGS=()
+
+phase "virtual environments, engines (torch, sglang, lmcache), vLLM's and the test tools"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip setuptools wheel cffi
+# gdrkv, optimised, built once as a wheel for .venv-test and .venv-vllm.
+rm -rf "$ROOT/build" "$WHEELS"
+"$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$WHEELS" "$ROOT"
+rm -rf "$ROOT/build"
+# The two environments share nothing: they install side by side.
+in_background "$VENV/install-vllm.log" \
+    env GDRKV_WHEEL="$(ls "$WHEELS"/gdrkv-*.whl)" bash "$ROOT/tests/install_vllm_env.sh" "$VLLM_VENV"
+in_background "$VENV/install-engines.log" bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
+finish
+# The test extra of pyproject.toml, then gdrkv itself from the wheel.
+"$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
+    tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+"$VENV/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/gdrkv-*.whl
+
+phase "build (ASan + UBSan)"
+# A light environment that adds .venv-test's site-packages (and its .pth
+# files) after its own, so its gdrkv is the one imported; pip comes from there.
+[ -x "$ASAN_VENV/bin/python" ] || "$PYTHON" -m venv --without-pip "$ASAN_VENV"
+"$ASAN_VENV/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/zz_venv_test.pth",
+    "w").write(f"import site; site.addsitedir({sys.argv[1]!r})\n")' \
+    "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
+build "$ASAN_VENV" GDRKV_SANITIZE=1
+
+# run_pytest PYTHON [pytest args...]: pytest exits 5 when it collected
+# nothing, which must count as a failure here. Each pass has a TMPDIR of its
+# own (its servers' files, the hang guard's logs).
+PASS_TMP=${TMPDIR:-/tmp}
 run_pytest() {
-    rm -f "${TMPDIR:-/tmp}"/gdrkv-hang-*.log
-    (cd "$ROOT" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@") && return 0
+    local python=$1; shift
+    local -x TMPDIR
+    TMPDIR=$(mktemp -d "$PASS_TMP/gdrkv-XXXX")     # short: unix socket paths live under it
+    chmod 1777 "$TMPDIR"        # as /tmp: test_shm_trust's children run as nobody
+    (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadfile \
+        --durations=20 "$@") && { rm -rf "$TMPDIR"; return 0; }
     local rc=$?
     [ $rc -eq 5 ] && echo "pytest collected no tests" >&2
     # A test that hung past the guard left every thread's stack here.
-    cat "${TMPDIR:-/tmp}"/gdrkv-hang-*.log 2>/dev/null >&2 || true
+    cat "$TMPDIR"/gdrkv-hang-*.log 2>/dev/null >&2 || true
     return $rc
 }
 
-echo "== virtual environment, engines (torch, sglang, lmcache) and test tools"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip setuptools wheel cffi
-bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
-# vLLM pins another transformers than SGLang: the LMCache-with-vLLM tests
-# (tests/test_lmcache_vllm.py) run their workers in an environment of its
-# own, with an optimised gdrkv from this checkout.
-echo "== vLLM test environment"
-bash "$ROOT/tests/install_vllm_env.sh" "$ROOT/.venv-vllm"
+phase "test suite (optimised build)"
+run_pytest "$VENV/bin/python" "$@"
 
-# The test extra of pyproject.toml, without reinstalling gdrkv itself.
-"$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
-    tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+# The tests marked pool_file again with every server on a pool file
+# (--pool-file, docs/operations.md "Restarts"); those marked memfd_pool say
+# why they are skipped there.
+phase "transports over a pool file"
+GDRKV_TEST_POOL_FILE=1 run_pytest "$VENV/bin/python" -m pool_file "$@"
 
-echo "== build (optimised) and test suite"
-build
-run_pytest "$@"
-
-# The transports' suites again with every server on a pool file
-# (--pool-file, docs/operations.md "Restarts"). Left out: tests that expect
-# a restarted server to come back empty (a pool file's point is that it
-# doesn't), the memfd's seals (a file has none: test_restart checks what
-# clients get instead), and two rdma tests timed for objects of one chunk
-# (over a pool file a 1 MiB value takes two: its header comes first).
-echo "== transports over a pool file"
-GDRKV_TEST_POOL_FILE=1 run_pytest tests/test_roundtrip.py tests/test_shm.py tests/test_rdma.py \
-    tests/test_writes.py tests/test_eviction.py tests/test_put_if_absent.py \
-    tests/test_state_machine.py tests/test_concurrency.py tests/test_leases.py \
-    tests/test_bad_input.py tests/test_limits.py tests/test_multiserver.py tests/test_drain.py \
-    -k "not test_server_restarted_under_a_client and not test_server_killed_mid_batch \
-        and not test_timed_out_reads_leave_no_late_dma \
-        and not test_pool_is_shared_read_only_and_sealed" "$@"
-
-echo "== build (ASan + UBSan) and test suite again"
-build GDRKV_SANITIZE=1
+phase "test suite again (ASan + UBSan build)"
 # Python itself is not instrumented: preload the runtimes, and leave leak
 # checking to the C unit tests (the interpreter keeps memory until exit).
 # The C tests already run sanitized, so they are not repeated here.
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    run_pytest -k "not test_native" "$@"
-echo "== all passes green"
+    run_pytest "$ASAN_VENV/bin/python" -m "not native" "$@"
+phase "all passes green"

@@ -1,0 +1,214 @@
+"""What keeps one client from locking the others out or holding the
+server's memory (#14 defects 3-5): connection slots per peer and apart for
+local clients, the idle timeout, request deadlines that grow with size, a
+global cap on buffered request bodies, the age limit of a tcp GET's pins,
+and the cap on one GET frame's destination bytes. Each test reproduces the
+defect's attack and fails on a server without the limit."""
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from support import wire
+from support.content import batch_put_bytes, content
+from support.util import background, stat, unique, wait_for
+from gdrkv import errors
+
+pytestmark = pytest.mark.pool_file
+
+MiB = 1 << 20
+
+
+def connect_from(server, source):
+    """A raw tcp connection to server from the loopback address source
+    (127.0.0.0/8 is all this host: each address is another peer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    host, port = server.address.rsplit(":", 1)
+    sock.connect((host, int(port)))
+    return wire.Conn(sock, timeout=5)
+
+
+def answers_ping(conn):
+    try:
+        hdr, _, _ = conn.call(wire.OP_PING)
+        return hdr.status == 0
+    except (wire.PeerClosed, ConnectionResetError, TimeoutError, OSError):
+        return False
+
+
+# ---------------------------------------------------------------- slots
+
+def test_one_peer_cannot_take_every_connection(server_factory):
+    """The defect: idle sockets from one host used to take all of
+    max_connections. Now that host gets max_connections_per_peer; another
+    host and local clients still get in."""
+    server = server_factory("32MiB", args=["--max-connections", "16",
+                                           "--max-connections-per-peer", "8"])
+    hog = [connect_from(server, "127.0.0.2") for _ in range(8)]
+    assert all(answers_ping(c) for c in hog)
+    refused = connect_from(server, "127.0.0.2")
+    assert refused.wait_closed(5), "a 9th connection from the same peer was kept"
+    stats = server.stats()
+    assert stat(stats, "connections_rejected_peer") == 1
+    with connect_from(server, "127.0.0.3") as other:
+        assert answers_ping(other)
+    for c in hog:
+        c.close()
+    # Its slots come back when its connections close.
+    wait_for(lambda: answers_ping(connect_from(server, "127.0.0.2")), 10,
+             "the peer's slots to come back")
+
+
+def test_local_clients_have_slots_of_their_own(server_factory, make_client):
+    """tcp connections at max_connections do not keep the local (shm)
+    engines out: unix connections are counted apart."""
+    server = server_factory("32MiB", args=["--max-connections", "8"])
+    hog = [connect_from(server, f"127.0.1.{i}") for i in range(1, 9)]
+    assert all(answers_ping(c) for c in hog)
+    assert connect_from(server, "127.0.1.9").wait_closed(5)
+    client = make_client(server.url, transport="shm", namespace=unique("local"))
+    assert batch_put_bytes(client, ["k"], [b"x" * 4096]) == [0]
+    assert client.get("k") == b"x" * 4096
+    with wire.connect_unix(server.unix_path) as local:    # tcp is full: stats go this way
+        hdr, body, _ = local.call(wire.OP_STATS)
+    stats = wire.parse_stats(body)
+    assert stat(stats, "connections_current") == 8
+    assert stat(stats, "local_connections_current") >= 1
+    for c in hog:
+        c.close()
+
+
+# ---------------------------------------------------------------- idle
+
+def test_idle_connections_are_closed_and_clients_reconnect(server_factory, make_client):
+    server = server_factory("32MiB", args=["--idle-timeout-ms", "300"])
+    with wire.connect(server.address) as idle:
+        assert answers_ping(idle)
+        assert idle.wait_closed(5), "an idle connection stayed open"
+    assert stat(server.stats(), "connections_idle_closed") >= 1
+    client = make_client(server.url, transport="tcp", namespace=unique("idle"))
+    client.put("k", content("k", 10_000))
+    time.sleep(1.0)                         # its pooled connections are closed meanwhile
+    assert client.get("k") == content("k", 10_000)
+    mine = client.stats()["client"]
+    assert mine["errors_unavailable"] == 0 and mine["connects"] >= 2
+
+
+def test_strangers_get_the_stall_timeout_to_authenticate(server_factory, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("limits-test-token-0123456789\n")
+    token.chmod(0o600)
+    server = server_factory("32MiB", args=["--auth-token-file", str(token),
+                                           "--stall-timeout-ms", "300"])
+    with wire.connect(server.address) as stranger:
+        started = time.monotonic()
+        assert stranger.wait_closed(10)
+        assert time.monotonic() - started < 5
+
+
+# ---------------------------------------------------------------- slow requests
+
+def test_a_trickled_request_is_closed_by_its_deadline(server_factory):
+    """The defect: one byte per stall period kept a frame open for ever
+    (each byte was progress). A request now has stall_timeout_ms plus 1 s
+    per MiB, from its first byte, to arrive."""
+    server = server_factory("32MiB", args=["--stall-timeout-ms", "1000"])
+    frame = wire.request(wire.OP_PING)
+    with wire.connect(server.address) as conn:
+        started = time.monotonic()
+        for i, byte in enumerate(frame):
+            try:
+                conn.send(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.4)                 # well inside the stall timeout each time
+        else:
+            pytest.fail("the whole 40-byte header trickled in without the server closing")
+        assert time.monotonic() - started < 10
+        assert i < len(frame)
+    assert stat(server.stats(), "frames_too_slow") == 1
+
+
+def test_buffered_request_bodies_are_capped(server_factory):
+    """The defect: every connection could hold an 8 MiB body buffer, with
+    no cap over all of them. With --max-buffered 16MiB two big bodies are
+    buffered and the others wait unread until there is room; small frames
+    still go through meanwhile, and every body is served in the end."""
+    server = server_factory("32MiB", args=["--max-buffered", "16MiB"])
+    big = wire.Header(opcode=wire.OP_GET, count=1, body_len=8 * MiB).pack()
+    conns = [wire.connect(server.address, timeout=30) for _ in range(4)]
+    for c in conns:
+        c.send(big)
+    wait_for(lambda: stat(server.stats(), "frames_waited_for_buffer") == 2, 10,
+             "two frames to wait for buffer room")
+    assert stat(server.stats(), "buffered_bytes") <= 16 * MiB + MiB
+    with wire.connect(server.address) as small:
+        assert answers_ping(small)
+    # The bodies come (malformed: each connection is answered, then closed);
+    # the waiting frames get room as the others end, never past the cap.
+    statuses, peak = [], 0
+
+    def feed(conn):
+        conn.send(b"\0" * (8 * MiB))
+        statuses.append(conn.read_frame()[0].status)
+
+    with background(*(lambda c=c: feed(c) for c in conns), timeout=60):
+        deadline = time.monotonic() + 60
+        while len(statuses) < 4 and time.monotonic() < deadline:
+            peak = max(peak, stat(server.stats(), "buffered_bytes"))
+            time.sleep(0.01)
+    assert statuses == [errors.E_PROTOCOL] * 4
+    assert peak <= 16 * MiB + MiB, peak
+    for c in conns:
+        c.close()
+    wait_for(lambda: stat(server.stats(), "buffered_bytes") < MiB, 10,
+             "the buffers to be given back")
+
+
+# ---------------------------------------------------------------- GET pins
+
+def test_an_unread_get_loses_its_pins(server_factory, make_client):
+    """The defect: a tcp GET whose reader never reads kept its objects
+    pinned for the whole stall timeout (30 s), so writers got NO_SPACE.
+    Its pins now last lease_timeout_ms + 10 ms per MiB, as a lease's do."""
+    server = server_factory("64MiB", args=["--lease-timeout-ms", "300"])
+    writer = make_client(server.url, transport="tcp", namespace="pins")
+    assert batch_put_bytes(writer, ["big"], [content("big", 16 * MiB)]) == [0]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = server.address.rsplit(":", 1)
+    sock.connect((host, int(port)))
+    with wire.Conn(sock, timeout=5) as reader:
+        reader.send(wire.request(wire.OP_GET, [(b"big", 16 * MiB)], ns=b"pins"))
+        wait_for(lambda: stat(server.stats(), "pinned_objects") == 1, 5, "the GET to pin")
+        started = time.monotonic()
+        wait_for(lambda: stat(server.stats(), "pinned_objects") == 0, 10,
+                 "the pins of the unread GET to be dropped")
+        assert time.monotonic() - started < 5
+    assert stat(server.stats(), "get_pins_expired") == 1
+
+
+def test_one_get_frame_pins_at_most_1gib(server_factory, make_client):
+    """A GET asking for more than 1 GiB of destination bytes in one frame
+    is refused; the client cuts its frames to fit, so its calls still work."""
+    server = server_factory("32MiB")
+    with wire.connect(server.address) as conn:
+        conn.send(wire.request(wire.OP_GET, [(b"a", 600 * MiB), (b"b", 600 * MiB)]))
+        hdr, body, _ = conn.read_frame()
+        assert hdr.status == errors.E_TOO_LARGE and b"GET of" in body
+        assert conn.wait_closed(5)
+    client = make_client(server.url, transport="tcp", namespace=unique("cap"))
+    keys = [f"k{i}" for i in range(3)]
+    assert batch_put_bytes(client, keys, [content(k, 4096) for k in keys]) == [0] * 3
+    # 512 MiB of room declared per key (only the 4 KiB objects are written).
+    dest = np.zeros(3 * 4096, np.uint8)
+    base, _ = client.register(dest)
+    before = client.stats()["client"]
+    assert client.batch_get(keys, [base + i * 4096 for i in range(3)], [512 * MiB] * 3) == \
+        [4096] * 3
+    assert [dest[i * 4096:(i + 1) * 4096].tobytes() for i in range(3)] == \
+        [content(k, 4096) for k in keys]
+    assert client.stats()["client"]["bytes_received"] - before["bytes_received"] >= 3 * 4096
