@@ -69,9 +69,8 @@ static void add_stat(uint64_t *counter, uint64_t n)
 static void register_slice(struct gpu_slices *s, uint32_t i)
 {
     uint64_t len = slice_len(s, i);
-    uint64_t pinned = __atomic_load_n(&s->stats.pinned_bytes, __ATOMIC_RELAXED);
-    if (pinned + len > s->pin_limit) {
-        add_stat(&s->stats.slices_over_limit, 1);
+    if (s->pinned + len > s->pin_limit) {
+        add_stat(&s->stats->slices_over_limit, 1);
         set_state(s, i, GPU_SLICE_OVER_LIMIT);
         return;
     }
@@ -79,17 +78,20 @@ static void register_slice(struct gpu_slices *s, uint32_t i)
     int rc = s->ops.reg(s->ops.ctx, s->base + ((uint64_t)i << s->slice_shift), len,
                         s->readonly, &dptr);
     uint64_t us = (gk_now_ns() - t0) / 1000;
-    add_stat(&s->stats.register_us, us);
-    if (us > __atomic_load_n(&s->stats.register_max_us, __ATOMIC_RELAXED))
-        __atomic_store_n(&s->stats.register_max_us, us, __ATOMIC_RELAXED);
+    add_stat(&s->stats->register_us, us);
+    uint64_t max = __atomic_load_n(&s->stats->register_max_us, __ATOMIC_RELAXED);
+    while (us > max && !__atomic_compare_exchange_n(&s->stats->register_max_us, &max, us, 1,
+                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     if (rc) {
-        add_stat(&s->stats.slices_failed, 1);
+        add_stat(&s->stats->slices_failed, 1);
         set_state(s, i, GPU_SLICE_FAILED);
         return;
     }
     s->slices[i].dptr = dptr;
-    add_stat(&s->stats.pinned_bytes, len);
-    add_stat(&s->stats.slices_registered, 1);
+    s->pinned += len;
+    add_stat(&s->stats->pinned_bytes, len);
+    add_stat(&s->stats->slices_registered, 1);
     set_state(s, i, GPU_SLICE_READY);
 }
 
@@ -142,7 +144,7 @@ static void *registrar(void *arg)
 
 int gpu_slices_init(struct gpu_slices *s, const void *base, uint64_t len, int readonly,
                     uint64_t slice_bytes, uint64_t pin_limit, uint64_t ahead_limit,
-                    const struct gpu_slices_ops *ops)
+                    const struct gpu_slices_ops *ops, struct gpu_slices_stats *stats)
 {
     memset(s, 0, sizeof *s);
     slice_bytes = slice_bytes ? slice_bytes : GPU_SLICE_BYTES;
@@ -160,6 +162,7 @@ int gpu_slices_init(struct gpu_slices *s, const void *base, uint64_t len, int re
     s->pin_limit = pin_limit ? pin_limit : len;
     s->ahead_limit = GK_MIN(ahead_limit, s->pin_limit);
     s->ops = *ops;
+    s->stats = stats;
     s->slices = calloc(count, sizeof *s->slices);
     s->queue = calloc(count, sizeof *s->queue);
     if (!s->slices || !s->queue)
@@ -194,6 +197,7 @@ void gpu_slices_destroy(struct gpu_slices *s)
     for (uint32_t i = 0; i < s->count; i++)
         if (slice_state(s, i) == GPU_SLICE_READY)
             s->ops.unreg(s->ops.ctx, s->base + ((uint64_t)i << s->slice_shift));
+    __atomic_fetch_sub(&s->stats->pinned_bytes, s->pinned, __ATOMIC_RELAXED);
     pthread_cond_destroy(&s->idle);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
@@ -207,7 +211,7 @@ static void demand(struct gpu_slices *s, uint32_t i)
 {
     if (!claim(s, i))
         return;
-    add_stat(&s->stats.demands, 1);
+    add_stat(&s->stats->demands, 1);
     pthread_mutex_lock(&s->lock);
     s->queue[(s->q_head + s->q_len) % s->count] = i;
     s->q_len++;
@@ -249,15 +253,6 @@ uint64_t gpu_slices_border(const struct gpu_slices *s, uint64_t addr)
 {
     uint64_t off = addr - (uint64_t)(uintptr_t)s->base;
     return (uint64_t)(uintptr_t)s->base + ((off >> s->slice_shift) + 1) * s->slice_bytes;
-}
-
-void gpu_slices_stats(const struct gpu_slices *s, struct gpu_slices_stats *out)
-{
-    _Static_assert(sizeof *out % sizeof(uint64_t) == 0, "counters only");
-    const uint64_t *from = (const uint64_t *)&s->stats;
-    uint64_t *to = (uint64_t *)out;
-    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
-        to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
 }
 
 int gpu_slices_wait_idle(struct gpu_slices *s, int timeout_ms)

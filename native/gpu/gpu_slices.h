@@ -51,9 +51,11 @@ enum gpu_slice_state {
     GPU_SLICE_OVER_LIMIT        /* pinning it would pass the limit: likewise */
 };
 
-/* What the slices cost and did, for the client's counters. */
+/* What slices cost and did, for the client's counters: kept by the
+ * caller (one set for all of a client's pools), updated with relaxed
+ * atomics. */
 struct gpu_slices_stats {
-    uint64_t pinned_bytes;      /* registered now */
+    uint64_t pinned_bytes;      /* registered now (destroy takes its slices off) */
     uint64_t slices_registered;
     uint64_t slices_failed;
     uint64_t slices_over_limit;
@@ -75,6 +77,7 @@ struct gpu_slices {
     uint32_t count;
     int readonly;
     uint64_t pin_limit;         /* most bytes pinned at once */
+    uint64_t pinned;            /* bytes registered now: the thread's alone */
     uint64_t ahead_limit;       /* registered ahead of demand, at most */
     struct gpu_slices_ops ops;
     struct gpu_slice *slices;
@@ -91,17 +94,17 @@ struct gpu_slices {
     int thread_started;
     pthread_t thread;
 
-    struct gpu_slices_stats stats;  /* atomics */
+    struct gpu_slices_stats *stats; /* the caller's */
 };
 
 /* Sets up [base, base + len) for registration by slices of slice_bytes
  * (0: GPU_SLICE_BYTES) and starts the thread; nothing is registered yet.
  * pin_limit 0 means the whole mapping; ahead_limit is how much of it the
- * thread registers before anything asks (0: none). 0, or
- * GDRKV_E_INTERNAL. */
+ * thread registers before anything asks (0: none). What they do is added
+ * to *stats, which must outlive s. 0, or GDRKV_E_INTERNAL. */
 int gpu_slices_init(struct gpu_slices *s, const void *base, uint64_t len, int readonly,
                     uint64_t slice_bytes, uint64_t pin_limit, uint64_t ahead_limit,
-                    const struct gpu_slices_ops *ops);
+                    const struct gpu_slices_ops *ops, struct gpu_slices_stats *stats);
 /* Stops the thread and unregisters every slice: no copy may be using one. */
 void gpu_slices_destroy(struct gpu_slices *s);
 
@@ -114,9 +117,6 @@ uint64_t gpu_slices_dptr(const struct gpu_slices *s, uint64_t addr);
 uint64_t gpu_slices_border(const struct gpu_slices *s, uint64_t addr);
 /* Whether addr lies in the mapping. */
 int gpu_slices_within(const struct gpu_slices *s, uint64_t addr);
-
-/* A consistent enough copy of the counters (each read on its own). */
-void gpu_slices_stats(const struct gpu_slices *s, struct gpu_slices_stats *out);
 
 /* Tests: waits until the thread has nothing queued (or timeout_ms passed);
  * 1 when idle. */

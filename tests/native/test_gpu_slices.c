@@ -93,7 +93,8 @@ static void test_demand_registers_once_and_maps_addresses(void)
     stub_init(&st, fake_base(), 4 * MIB);
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
-    CHECK_EQ(gpu_slices_init(&s, fake_base(), 10 * MIB, 1, 4 * MIB, 0, 0, &ops), 0);
+    struct gpu_slices_stats stats = {0};
+    CHECK_EQ(gpu_slices_init(&s, fake_base(), 10 * MIB, 1, 4 * MIB, 0, 0, &ops, &stats), 0);
     CHECK_EQ(s.count, 3);
 
     CHECK_EQ(gpu_slices_reach(&s, at(5 * MIB), 4096), 0);      /* slice 1: queued */
@@ -118,12 +119,11 @@ static void test_demand_registers_once_and_maps_addresses(void)
     CHECK_EQ(gpu_slices_reach(&s, at(9 * MIB), 2 * MIB), 0);
     CHECK(!gpu_slices_within(&s, at(10 * MIB)) && gpu_slices_within(&s, at(0)), "within");
 
-    struct gpu_slices_stats stats;
-    gpu_slices_stats(&s, &stats);
     CHECK_EQ(stats.pinned_bytes, 6 * MIB);      /* slice 0 was never asked for */
     CHECK_EQ(stats.slices_registered, 2);
     CHECK_EQ(stats.demands, 2);
     gpu_slices_destroy(&s);
+    CHECK_EQ(stats.pinned_bytes, 0);            /* unregistered: nothing pinned */
     for (int i = 0; i < 3; i++)
         CHECK(st.regs[i] == (i > 0) && st.unregs[i] == st.regs[i],
               "slice %d: %d registrations, %d unregistrations", i, st.regs[i], st.unregs[i]);
@@ -136,7 +136,8 @@ static void test_a_copy_never_waits_for_a_registration(void)
     st.hold = 1;
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
-    CHECK_EQ(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, MIB, 0, 0, &ops), 0);
+    struct gpu_slices_stats stats = {0};
+    CHECK_EQ(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, MIB, 0, 0, &ops, &stats), 0);
 
     CHECK_EQ(gpu_slices_reach(&s, at(0), 64), 0);
     pthread_mutex_lock(&st.lock);
@@ -171,8 +172,9 @@ static void test_failed_and_over_limit_slices_stay_unreachable(void)
     st.fail[1] = 1;
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
+    struct gpu_slices_stats stats = {0};
     /* At most 2 MiB pinned. */
-    CHECK_EQ(gpu_slices_init(&s, fake_base(), 6 * MIB, 1, MIB, 2 * MIB, 0, &ops), 0);
+    CHECK_EQ(gpu_slices_init(&s, fake_base(), 6 * MIB, 1, MIB, 2 * MIB, 0, &ops, &stats), 0);
     for (int i = 0; i < 6; i++)
         gpu_slices_reach(&s, at((uint64_t)i * MIB), 1);
     CHECK_EQ(gpu_slices_wait_idle(&s, 5000), 1);
@@ -183,8 +185,6 @@ static void test_failed_and_over_limit_slices_stay_unreachable(void)
     CHECK_EQ(gpu_slices_reach(&s, at(1 * MIB), 1), 0);  /* failed, and never tried again */
     CHECK_EQ(gpu_slices_wait_idle(&s, 5000), 1);
     CHECK_EQ(st.regs[1], 1);
-    struct gpu_slices_stats stats;
-    gpu_slices_stats(&s, &stats);
     CHECK_EQ(stats.pinned_bytes, 2 * MIB);
     CHECK_EQ(stats.slices_failed, 1);
     CHECK_EQ(stats.slices_over_limit, 3);
@@ -200,7 +200,8 @@ static void test_ahead_registers_from_the_start_up_to_its_limit(void)
     stub_init(&st, fake_base(), MIB);
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
-    CHECK_EQ(gpu_slices_init(&s, fake_base(), 16 * MIB, 1, MIB, 0, 5 * MIB, &ops), 0);
+    struct gpu_slices_stats stats = {0};
+    CHECK_EQ(gpu_slices_init(&s, fake_base(), 16 * MIB, 1, MIB, 0, 5 * MIB, &ops, &stats), 0);
     CHECK_EQ(gpu_slices_wait_idle(&s, 5000), 1);
     for (int i = 0; i < 16; i++)
         CHECK_EQ(st.regs[i], i < 5);
@@ -217,9 +218,12 @@ static void test_bad_geometry_is_refused(void)
     stub_init(&st, fake_base(), MIB);
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
-    CHECK(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, 3 * MIB, 0, 0, &ops) < 0, "not a power of 2");
-    CHECK(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, 4096, 0, 0, &ops) < 0, "below 1 MiB");
-    CHECK(gpu_slices_init(&s, fake_base(), 0, 1, MIB, 0, 0, &ops) < 0, "empty");
+    struct gpu_slices_stats stats = {0};
+    CHECK(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, 3 * MIB, 0, 0, &ops, &stats) < 0,
+          "not a power of 2");
+    CHECK(gpu_slices_init(&s, fake_base(), 8 * MIB, 1, 4096, 0, 0, &ops, &stats) < 0,
+          "below 1 MiB");
+    CHECK(gpu_slices_init(&s, fake_base(), 0, 1, MIB, 0, 0, &ops, &stats) < 0, "empty");
     gpu_slices_destroy(&s);     /* a refused init leaves nothing to destroy */
 }
 
@@ -237,7 +241,9 @@ struct stress {
 static void *stress_thread(void *arg)
 {
     struct stress *t = arg;
-    for (int k = 0; k < 20000; k++) {
+    /* 20000 asks, and on until some found their slice ready: the
+     * registration thread may not have run at all before on a busy host. */
+    for (long k = 0; k < 20000 || (t->seen_ready < 100 && k < 50000000); k++) {
         uint64_t off = (uint64_t)(rand_r(&t->seed) % STRESS_SLICES) * MIB +
                        (uint64_t)(rand_r(&t->seed) % (MIB / 2));
         uint64_t len = 1 + (uint64_t)(rand_r(&t->seed) % MIB);
@@ -259,8 +265,9 @@ static void test_many_threads_ask_for_slices_at_once(void)
     stub_init(&st, fake_base(), MIB);
     struct gpu_slices_ops ops = stub_ops(&st);
     struct gpu_slices s;
+    struct gpu_slices_stats stats = {0};
     CHECK_EQ(gpu_slices_init(&s, fake_base(), STRESS_SLICES * MIB, 1, MIB, 150 * MIB, 20 * MIB,
-                             &ops), 0);
+                             &ops, &stats), 0);
     pthread_t th[STRESS_THREADS];
     struct stress t[STRESS_THREADS];
     for (int i = 0; i < STRESS_THREADS; i++) {
@@ -274,8 +281,6 @@ static void test_many_threads_ask_for_slices_at_once(void)
     }
     CHECK_EQ(gpu_slices_wait_idle(&s, 10000), 1);
     CHECK(seen > 0, "no thread ever found a slice ready");
-    struct gpu_slices_stats stats;
-    gpu_slices_stats(&s, &stats);
     int registered = 0;
     for (int i = 0; i < STRESS_SLICES; i++) {
         CHECK(st.regs[i] <= 1, "slice %d registered %d times", i, st.regs[i]);

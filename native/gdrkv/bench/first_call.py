@@ -38,8 +38,9 @@ def run(url, procs_list, label="shm", timeout_ms=2000):
     transport = label.split("-")[0]
     rows = []
     for procs in procs_list:
+        round_id = f"{os.getpid()}-{time.monotonic_ns()}"
         workers = [subprocess.Popen([sys.executable, "-m", "gdrkv.bench.first_call", url,
-                                     f"first-{os.getpid()}-{procs}-{i}", transport,
+                                     f"first-{round_id}-{procs}-{i}", transport,
                                      str(timeout_ms)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                    for i in range(procs)]
@@ -101,7 +102,7 @@ def _worker(url, ns, transport, timeout_ms):
             timed[name + "_ms"] = (time.perf_counter() - start) * 1e3
         torch.cuda.synchronize()
         timed["same"] = bool(torch.equal(src, dst))
-        timed["pinned"] = int(client.stats().get("gpu_pinned_bytes", 0))
+        timed["pinned"] = int(client.stats()["client"].get("gpu_pinned_bytes", 0))
     print(json.dumps(timed), flush=True)
 
 
