@@ -141,6 +141,7 @@ static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, 
                           "local server (a loopback address or unix:PATH)", text);
     if (rc)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    s->ep.gpu_pins = &c->gpu_pins;
     c->seeds[c->nservers++] = s->seed;
     for (uint32_t i = 0; i + 1 < c->nservers; i++)
         if (!strcmp(c->servers[i].ep.name, s->ep.name))
@@ -190,6 +191,8 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     if (!c->rdma || client_rdma_init(c->rdma))
         goto no_rdma;
     c->opts = *opts;
+    c->gpu_pins.limit = opts->gpu_pin_limit;
+    c->gpu_pins.ahead = opts->gpu_pin_ahead;
     c->opts.servers = NULL;
     c->opts.token_file = NULL;
     const char *token_file = opts->token_file ? opts->token_file : getenv("GDRKV_TOKEN_FILE");

@@ -191,18 +191,17 @@ int gpu_conn_received(struct gpu_conn *g, struct client_batch *b, const struct c
 
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Registers a shared mapping (the pool, a staging memfd) with CUDA on its
- * first GPU copy: 1 when the GPU reaches it directly (*dptr), 0 when it
- * could not be registered (*state remembers either). */
-static int shared_mapped(const void *base, size_t len, int readonly, int *state,
-                         uint64_t *dptr)
+/* Registers a connection's staging memfd with CUDA on its first GPU copy:
+ * 1 when the GPU reaches it directly (*dptr), 0 when it could not be
+ * registered (*state remembers either). */
+static int staging_mapped(const void *base, size_t len, int *state, uint64_t *dptr)
 {
     int now = __atomic_load_n(state, __ATOMIC_ACQUIRE);
     if (now == 0) {
         pthread_mutex_lock(&register_lock);
         if (*state == 0) {
             CUdeviceptr d = 0;
-            now = gpu_register_shared(base, len, readonly, &d) ? -1 : 1;
+            now = gpu_register_shared(base, len, 0, &d) ? -1 : 1;
             *dptr = d;
             __atomic_store_n(state, now, __ATOMIC_RELEASE);
         }
@@ -212,11 +211,38 @@ static int shared_mapped(const void *base, size_t len, int readonly, int *state,
     return now == 1;
 }
 
+/* The pool's slices, set up on its first GPU copy (which registers
+ * nothing itself: the slices' thread does), or NULL when they can't be. */
+static struct gpu_slices *pool_slices(struct client_pool *pool)
+{
+    struct gpu_slices *s = __atomic_load_n(&pool->gpu_slices, __ATOMIC_ACQUIRE);
+    if (s || __atomic_load_n(&pool->gpu_failed, __ATOMIC_RELAXED))
+        return s;
+    pthread_mutex_lock(&register_lock);
+    if (!pool->gpu_slices && !pool->gpu_failed) {
+        struct client_gpu_pins *pins = pool->gpu_pins;
+        s = calloc(1, sizeof *s);
+        if (s && gpu_slices_init(s, pool->base, pool->map_len, !pool->writable, 0, pins->limit,
+                                 pins->ahead, &gpu_slices_cuda_ops, &pins->stats) == 0) {
+            __atomic_store_n(&pool->gpu_slices, s, __ATOMIC_RELEASE);
+        } else {
+            free(s);
+            __atomic_store_n(&pool->gpu_failed, 1, __ATOMIC_RELAXED);
+        }
+    }
+    s = pool->gpu_slices;
+    pthread_mutex_unlock(&register_lock);
+    return s;
+}
+
 void gpu_pool_release(struct client_pool *pool)
 {
-    if (pool->gpu_state == 1)
-        gpu_unregister(pool->base);
-    pool->gpu_state = 0;
+    if (pool->gpu_slices) {
+        gpu_slices_destroy(pool->gpu_slices);
+        free(pool->gpu_slices);
+    }
+    pool->gpu_slices = NULL;
+    pool->gpu_failed = 0;
 }
 
 void gpu_staging_release(struct client_staging *st)
@@ -235,31 +261,54 @@ void gpu_staging_release(struct client_staging *st)
  * what it needs itself). */
 #define GPU_STAGING_REGISTERED (8ull << 20)
 
-/* The mapping at host address base, reached by the GPU at dptr when it
- * is registered (mapped), else by the copy engines at base. */
-static void reach_at(struct gpu_reach *r, int mapped, const void *base, uint64_t dptr, int mode)
-{
-    r->base = mapped ? dptr : (uint64_t)(uintptr_t)base;
-    r->mode = mapped ? mode : GPU_MODE_COPY_ENGINE;
-    r->resolved = 1;
-}
-
 void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g)
 {
-    struct client_pool *pool = r->pool;
-    struct client_staging *st = r->staging;
-    /* shared_mapped sets the device address before it says mapped: read
-     * it after. */
-    if (pool) {
-        int mapped = shared_mapped(pool->base, pool->map_len, !pool->writable,
-                                   &pool->gpu_state, &pool->gpu_dptr);
-        reach_at(r, mapped, pool->base, pool->gpu_dptr, g->mode);
+    r->resolved = 1;
+    r->mode = g->mode;
+    if (r->pool) {
+        r->base = (uint64_t)(uintptr_t)r->pool->base;
+        r->slices = pool_slices(r->pool);
+        if (!r->slices)
+            r->mode = GPU_MODE_COPY_ENGINE;
         return;
     }
+    struct client_staging *st = r->staging;
     uint64_t len = GK_MIN(st->len, GPU_STAGING_REGISTERED);
-    int mapped = r->frame_bytes <= len &&
-                 shared_mapped(st->base, len, 0, &st->gpu_state, &st->gpu_dptr);
-    reach_at(r, mapped, st->base, st->gpu_dptr, g->mode);
+    /* staging_mapped sets the device address before it says mapped: read
+     * it after. */
+    int mapped = r->frame_bytes <= len && staging_mapped(st->base, len, &st->gpu_state,
+                                                         &st->gpu_dptr);
+    r->base = mapped ? st->gpu_dptr : (uint64_t)(uintptr_t)st->base;
+    r->mode = mapped ? g->mode : GPU_MODE_COPY_ENGINE;
+}
+
+int gpu_reach_add(struct gpu_reach *r, struct gpu_list *list, int dev, uint64_t caller,
+                  uint64_t off, uint64_t len, int to_caller)
+{
+    struct gpu_slices *s = r->slices;
+    while (len) {
+        uint64_t host = r->base + off, part = len, shared = host;
+        if (s) {
+            /* Pool chunks never cross a slice border (slices are whole
+             * allocation pages), but two may meet at one: the list must
+             * not merge them. */
+            uint64_t border = gpu_slices_border(s, host);
+            part = GK_MIN(len, border - host);
+            list->apart = (off & (s->slice_bytes - 1)) == 0;
+            if (gpu_slices_reach(s, host, part))
+                shared = gpu_slices_dptr(s, host);
+            else
+                r->mode = GPU_MODE_COPY_ENGINE;
+        }
+        int rc = to_caller ? gpu_list_add(list, dev, caller, shared, part)
+                           : gpu_list_add(list, dev, shared, caller, part);
+        if (rc)
+            return rc;
+        caller += part;
+        off += part;
+        len -= part;
+    }
+    return 0;
 }
 
 int gpu_conn_copy_shared(struct gpu_conn *g, struct client_batch *b, int mode,

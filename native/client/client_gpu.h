@@ -57,23 +57,33 @@ int gpu_conn_received(struct gpu_conn *gc, struct client_batch *b, const struct 
 /* Where a shm frame's GPU pieces are planned. */
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
 /* Where the GPU reaches a shared mapping (the pool, or a connection's
- * staging memfd) for one frame's pieces: the GPU side of a piece at
- * offset off of the mapping is base + off, and mode is how its launch
- * copies. Resolved at the frame's first GPU piece, so the pieces are
- * planned once, already addressed for the GPU: a mapping registered with
- * CUDA (on its first GPU copy, once per mapping) is reached at its device
- * address with the call's mode; one that is not, or staging of a frame
- * past its registered part, at its host address by the copy engines,
- * which stage pageable memory themselves. */
+ * staging memfd) for one frame's pieces, and how the frame's launch
+ * copies (mode). Resolved at the frame's first GPU piece, so the pieces
+ * are planned once, already addressed for the GPU.
+ *
+ * The pool is registered with CUDA in slices, on demand, by a thread of
+ * its own (gpu/gpu_slices.h): a piece in a registered slice is reached at
+ * its device address; one in a slice not registered yet at its host
+ * address, and then the whole frame goes by the copy engines, which stage
+ * pageable memory themselves, so no call waits for a registration.
+ * Staging is registered whole on its first GPU copy (its first 8 MiB);
+ * a frame past that goes by the copy engines too. */
 struct gpu_reach {
     struct client_pool *pool;       /* the mapping: the pool, or else */
     struct client_staging *staging; /* ...the connection's staging, for */
     uint64_t frame_bytes;           /* ...a frame of this many bytes */
     int resolved;
-    uint64_t base;
+    uint64_t base;                  /* host address (pool), or device or host (staging) */
+    struct gpu_slices *slices;      /* the pool's, or NULL */
     int mode;                       /* enum gpu_mode */
 };
 void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g);
+/* Adds the GPU's copy between caller (a GPU segment's address on device
+ * dev) and [off, off + len) of the mapping to list, in the direction
+ * to_caller says; it is cut where it would span two of the pool's
+ * slices, which no CUDA copy may. 0 or GDRKV_E_INTERNAL. */
+int gpu_reach_add(struct gpu_reach *r, struct gpu_list *list, int dev, uint64_t caller,
+                  uint64_t off, uint64_t len, int to_caller);
 
 /* Starts a frame's copies between the caller's segments and a shared
  * mapping: the list (gpu_conn_list, addressed as gpu_reach says) by one

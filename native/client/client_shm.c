@@ -196,6 +196,7 @@ static struct client_pool *pool_of(struct client_endpoint *ep, int pool_fd, uint
         ep->pool->size == size && ep->pool->writable == writable) {
         p = ep->pool;
     } else if ((p = map_pool(pool_fd, &st, size, writable))) {
+        p->gpu_pins = ep->gpu_pins;
         old = ep->pool;
         ep->pool = p;
     }
@@ -327,9 +328,7 @@ static int add_piece(struct shm_plan *pl, uint64_t seg, uint64_t seg_off, uint64
     }
     if (!pl->reach->resolved)
         gpu_reach_resolve(pl->reach, b->gpu);
-    uint64_t shared = pl->reach->base + off;
-    return pl->to_caller ? gpu_list_add(pl->gpu, dev, caller, shared, len)
-                         : gpu_list_add(pl->gpu, dev, shared, caller, len);
+    return gpu_reach_add(pl->reach, pl->gpu, dev, caller, off, len, pl->to_caller);
 }
 
 /* A piece of a LEASE's or RESERVE's chunk lists, laid over a segment. */

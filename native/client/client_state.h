@@ -30,6 +30,7 @@
 #include "common/net.h"
 #include "gdrkv.h"
 #include "gpu/gpu.h"
+#include "gpu/gpu_slices.h"
 #include "common/protocol.h"
 #include "common/stats.h"
 
@@ -82,7 +83,14 @@ struct gpu_call;
     CALL(shm_staged_sent_again)     /* followed PUT_STAGED frames the server sent back */       \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     CLIENT_RDMA_COUNTERS(RDMA)                                                                  \
-    GPU_STATS(GPU)
+    GPU_STATS(GPU)                                                                              \
+    FROM(gpu_pinned_bytes, gk_counter_get(&c->gpu_pins.stats.pinned_bytes))                     \
+    FROM(gpu_slices_registered, gk_counter_get(&c->gpu_pins.stats.slices_registered))           \
+    FROM(gpu_slices_failed, gk_counter_get(&c->gpu_pins.stats.slices_failed))                   \
+    FROM(gpu_slices_over_limit, gk_counter_get(&c->gpu_pins.stats.slices_over_limit))           \
+    FROM(gpu_slice_demands, gk_counter_get(&c->gpu_pins.stats.demands))                         \
+    FROM(gpu_register_us, gk_counter_get(&c->gpu_pins.stats.register_us))                       \
+    FROM(gpu_register_max_us, gk_counter_get(&c->gpu_pins.stats.register_max_us))
 
 #define CLIENT_COUNTER_FIELD(name) uint64_t name;
 #define CLIENT_COUNTER_GPU_FIELD(name) uint64_t gpu_##name;
@@ -96,6 +104,15 @@ struct client_counters {
     struct gk_latency latency[GK_OP_MAX + 1];
     CLIENT_COUNTERS(CLIENT_COUNTER_FIELD, CLIENT_COUNTER_FIELD, CLIENT_COUNTER_NONE2,
                     CLIENT_COUNTER_NONE2, CLIENT_COUNTER_GPU_FIELD)
+};
+
+/* What the client's shm pools may register with CUDA for GPU copies, and
+ * what they did (docs/gpu.md, "What each process pins"): one for all of
+ * its servers' pools, each a gpu_slices of its own. */
+struct client_gpu_pins {
+    uint64_t limit;                 /* per pool; 0: the whole pool */
+    uint64_t ahead;                 /* per pool, before any copy asks */
+    struct gpu_slices_stats stats;  /* the client's counters gpu_* */
 };
 
 /* A client is shared by many threads: everything but the counters is set
@@ -114,6 +131,7 @@ struct gdrkv_client {
     struct client_rdma *rdma;       /* device and MRs of the rdma transport */
     struct gk_token token;          /* opts.token_file's (or GDRKV_TOKEN_FILE's); len 0: none */
     struct client_counters counters;
+    struct client_gpu_pins gpu_pins;
 };
 
 /* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
@@ -135,6 +153,7 @@ struct client_endpoint {
     const struct gk_token *token;   /* the client's, or NULL: no handshake */
     pthread_mutex_t pool_lock;      /* guards pool */
     struct client_pool *pool;       /* the mapping new connections share, or NULL */
+    struct client_gpu_pins *gpu_pins;   /* the client's, for its pools */
 };
 
 /* One mapping of a server's pool. A restarted server has a new memfd, so a
@@ -148,8 +167,10 @@ struct client_pool {
     uint32_t refs;          /* atomic: the server's current pool holds one */
     int writable;           /* single-tenant server: PUTs copy into the pool */
     uint64_t staging_len;   /* atomic: value bytes of its connections' staging */
-    int gpu_state;          /* registered with CUDA: 0 not yet, 1 yes, -1 failed */
-    uint64_t gpu_dptr;      /* where the GPU reads base (client_gpu.c) */
+    struct client_gpu_pins *gpu_pins;   /* the client's */
+    struct gpu_slices *gpu_slices;  /* atomic: made reachable from the GPU in slices,
+                                       from its first GPU copy on (client_gpu.c) */
+    int gpu_failed;         /* ...or that could not be set up: the copy engines do */
 };
 
 /* A connection's staging memfd (HELLO's second fd), mapped writable: its

@@ -12,6 +12,7 @@ from . import local
 from ._capi import read_address, read_counters, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
+from .sizes import parse_size
 
 DEFAULT_PORT = 7480
 _UNIX_URL = "gdrkv://unix:"
@@ -25,7 +26,11 @@ _INT_OPTIONS = {
     "conns": (4, 1),
     "backoff_min_ms": (100, 0),
     "backoff_max_ms": (5000, 0),
+    "gpu_pin_limit": (0, 0),
+    "gpu_pin_ahead": (0, 0),
 }
+# Of those, the ones that are sizes: "64GiB" as well as bytes.
+_SIZE_OPTIONS = ("gpu_pin_limit", "gpu_pin_ahead")
 # Transport names and their enum gdrkv_transport values.
 _TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2, "rdma": 3}
 # gpu_copy names and their enum gdrkv_gpu_copy values.
@@ -46,7 +51,11 @@ class Client:
     host whose unix socket answers, tcp otherwise; "tcp"; or "shm"),
     backoff_min_ms (100) and backoff_max_ms (5000) for reconnecting to a
     server that failed, gpu_copy ("auto", "kernel" or "copy_engine": how
-    values move to and from GPU memory, docs/gpu.md), token_file (the file
+    values move to and from GPU memory, docs/gpu.md), gpu_pin_limit (0:
+    the whole pool) and gpu_pin_ahead (0): how much of a local server's
+    pool this client registers with CUDA for GPU copies, at most, and how
+    much of it in the background before any copy asks (docs/gpu.md, "What
+    each process pins"), token_file (the file
     holding the servers' secret, for servers started with
     --auth-token-file; default $GDRKV_TOKEN_FILE).
 
@@ -307,6 +316,13 @@ def _resolve_options(given):
     values = {"namespace": "", "transport": "auto", "gpu_copy": "auto", "token_file": None}
     values.update((name, default) for name, (default, _) in _INT_OPTIONS.items())
     values.update(given)
+    for name in _SIZE_OPTIONS:
+        if isinstance(values[name], str):
+            try:
+                values[name] = parse_size(values[name])
+            except ValueError:
+                raise ValueError(f"{name} must be a size (bytes, or e.g. 64GiB), "
+                                 f"not {values[name]!r}") from None
 
     ns = values["namespace"]
     # The C client takes the namespace as a C string: a NUL would cut it

@@ -116,7 +116,7 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
         return 0;
     if (dev < 0 || dev >= GPU_MAX_DEVICES)
         return GDRKV_E_INTERNAL;
-    if (l->count) {
+    if (l->count && !l->apart) {
         struct gpu_piece *last = &l->pieces[l->count - 1];
         if (last->dev == dev && last->dst + last->len == dst && last->src + last->len == src &&
             last->len + len <= GK_MAX_OBJECT) {
@@ -128,6 +128,7 @@ int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64
     }
     if (gk_grow(&l->pieces, &l->cap, (size_t)l->count + 1, sizeof *l->pieces, 64) < 0)
         return GDRKV_E_INTERNAL;
+    l->apart = 0;
     l->pieces[l->count++] = (struct gpu_piece){.dst = dst, .src = src, .len = len, .dev = dev};
     l->bytes += len;
     l->units += units_of(len);
@@ -143,6 +144,7 @@ void gpu_list_reset(struct gpu_list *l)
     l->bytes = 0;
     l->units = 0;
     l->devices = 0;
+    l->apart = 0;
 }
 
 void gpu_list_free(struct gpu_list *l)

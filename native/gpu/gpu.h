@@ -56,10 +56,12 @@ struct gpu_list {
     uint64_t bytes;
     uint64_t units;         /* kernel units (GPU_UNIT_BYTES) the pieces are cut into */
     uint32_t devices;       /* bit d: a piece runs on device d */
+    int apart;              /* the next piece is not merged into the last */
 };
 
 /* Appends a piece (merged into the previous one when both ends continue
- * it); 0, or GDRKV_E_INTERNAL (out of memory, or dev not a device). */
+ * it, unless l->apart says not to: it is cleared); 0, or GDRKV_E_INTERNAL
+ * (out of memory, or dev not a device). */
 int gpu_list_add(struct gpu_list *l, int dev, uint64_t dst, uint64_t src, uint64_t len);
 void gpu_list_reset(struct gpu_list *l);
 void gpu_list_free(struct gpu_list *l);

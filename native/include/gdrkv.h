@@ -170,6 +170,11 @@ typedef struct gdrkv_client_opts {
     int transport;              /* enum gdrkv_transport */
     int gpu_copy;               /* enum gdrkv_gpu_copy */
     const char *token_file;     /* the servers' shared secret; NULL = none */
+    uint64_t gpu_pin_limit;     /* most bytes of a server's shm pool registered with CUDA
+                                   (pinned) for GPU copies; 0 = all of it (docs/gpu.md) */
+    uint64_t gpu_pin_ahead;     /* of those, registered in the background from the first
+                                   GPU copy on, before any copy asks for them; 0 = none
+                                   (a registration holds up the process's CUDA calls) */
 } gdrkv_client_opts;
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts);

@@ -4,8 +4,10 @@ pages at scattered places, mixed host/GPU batches, the kernel copy racing
 eviction (the lease must hold), and GPU memory gdrkv must refuse. Skipped
 only where no GPU is present; everything else fails loudly (a GPU machine
 without torch included)."""
+import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -271,21 +273,76 @@ def test_gpu_put_over_shm_never_crosses_the_socket(torch, server_factory, make_c
     assert moved == count * size
 
 
-def get_pages_into_gpu(torch, client, prefix, seed, size=4096, count=256):
+def slices_settled(client, timeout_s=30.0):
+    """Waits until the registration thread has registered (or refused)
+    every slice of the pool a GPU copy asked for: the precondition of a
+    test about the launches of a warm client, not the behaviour it tests
+    (a fresh client's first GET is test_first_gpu_get_registers_nothing's).
+    Returns the client's counters."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c = client.stats()["client"]
+        done = c["gpu_slices_registered"] + c["gpu_slices_failed"] + c["gpu_slices_over_limit"]
+        if done >= c["gpu_slice_demands"] or time.monotonic() > deadline:
+            return c
+        time.sleep(0.005)
+
+
+def get_pages_into_gpu(torch, client, prefix, seed, size=4096, count=256, warm=True):
     """Stores count pages, reads them back in one batch into scattered GPU
     pages and checks every byte: the client's counters the GET moved
-    (gpu_kernel_launches, gpu_copy_engine_calls)."""
+    (gpu_kernel_launches, gpu_copy_engine_calls). warm: the pool's slices
+    the pages lie in are registered first (a GET, then slices_settled)."""
     keys = [f"{prefix}-{i}" for i in range(count)]
     values = [content(k, size) for k in keys]
     assert batch_put_bytes(client, keys, values) == [0] * count
     dest = gpu_buffer(torch, 2 * count * size)
     client.register(dest)
     ptrs = scattered(dest.data_ptr(), size, count, seed=seed)
+    if warm:
+        assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
+        slices_settled(client)
+    dest.zero_()
+    torch.cuda.synchronize()
     before = client.stats()["client"]
     assert client.batch_get(keys, ptrs, [size] * count) == [size] * count
     after = client.stats()["client"]
     assert read_gpu(torch, dest, ptrs, size) == values
-    return {k: after[k] - before[k] for k in ("gpu_kernel_launches", "gpu_copy_engine_calls")}
+    return {k: after[k] - before[k] for k in ("gpu_kernel_launches", "gpu_copy_engine_calls",
+                                              "gpu_slice_demands")}
+
+
+def test_first_gpu_get_registers_nothing(torch, server, make_client):
+    """A fresh client's first GET into GPU memory pays for no registration
+    of the pool (docs/gpu.md, "What each process pins"): the slice it
+    needs is asked of the registration thread and this frame goes by the
+    copy engines; once the slice is registered, the same GET is one kernel
+    launch. Both byte-exact, and what is pinned is the slices asked for,
+    not the pool."""
+    client = client_for(make_client, server, "shm", gpu_copy="kernel", conns=1)
+    first = get_pages_into_gpu(torch, client, "first", seed=11, warm=False)
+    assert first["gpu_slice_demands"] >= 1
+    assert first["gpu_kernel_launches"] == 0 and first["gpu_copy_engine_calls"] >= 1
+    settled = slices_settled(client)
+    assert settled["gpu_slices_registered"] == settled["gpu_slice_demands"]
+    assert 0 < settled["gpu_pinned_bytes"] <= settled["gpu_slice_demands"] * (64 << 20)
+    again = get_pages_into_gpu(torch, client, "first", seed=11, warm=False)
+    assert again == {"gpu_kernel_launches": 1, "gpu_copy_engine_calls": 0,
+                     "gpu_slice_demands": 0}
+
+
+def test_gpu_pin_limit_bounds_what_is_pinned(torch, server, make_client):
+    """gpu_pin_limit below one slice: nothing of the pool is ever pinned,
+    and every GET into GPU memory still lands byte-exact, by the copy
+    engines."""
+    client = client_for(make_client, server, "shm", gpu_copy="kernel", conns=1,
+                        gpu_pin_limit=1 << 20)
+    for _ in range(2):
+        moved = get_pages_into_gpu(torch, client, "limited", seed=12)
+        assert moved["gpu_kernel_launches"] == 0 and moved["gpu_copy_engine_calls"] >= 1
+    c = slices_settled(client)
+    assert c["gpu_pinned_bytes"] == 0 and c["gpu_slices_registered"] == 0
+    assert c["gpu_slices_over_limit"] >= 1
 
 
 @pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
@@ -516,3 +573,28 @@ def test_rdma_flush_read_of_gpu_memory(torch, server, make_client, monkeypatch):
     assert read_gpu(torch, dest, ptrs, 65536) == values
     assert client.stats()["client"]["rdma_flush_reads"] >= 1
     check_rdma_moved_gpu_memory(client, "rdma")
+
+
+def production_pool_size():
+    """64 GiB where the host has room for it beside the test (96 GiB or
+    more), else half the host's memory: a pool of the size engines meet."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return 64 << 30 if total >= 96 << 30 else (total // 2) >> 30 << 30
+
+
+@pytest.mark.parametrize("server_mode", ["staged", "single-tenant"])
+def test_first_calls_of_four_fresh_processes_on_a_production_pool(torch, server_factory,
+                                                                   server_mode):
+    """Four client processes start at once against a pool of production
+    size (docs/gpu.md, "What each process pins"): each one's first PUT from
+    GPU memory (straight into the pool, single-tenant) and first GET into
+    it succeed within the call's timeout, byte-exact, and each pinned a few
+    slices of the pool, not the pool."""
+    from gdrkv.bench import first_call
+    srv = server_factory(memory=str(production_pool_size()),
+                         args=["--single-tenant"] if server_mode == "single-tenant" else [])
+    (row,) = first_call.run(srv.url, [4], "shm", timeout_ms=5000)
+    for worker in row["workers"]:
+        assert worker["put"] == 0 and worker["get1"] == worker["get2"] == first_call.OBJECT_BYTES
+        assert worker["same"], worker
+        assert 0 < worker["pinned"] <= 4 * (64 << 20), worker

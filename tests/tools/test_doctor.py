@@ -503,3 +503,31 @@ def test_self_test_rendering_of_a_failure_and_of_rdma_counters():
     assert "host memory WRITE then READ  FAILED  object 2 differs" in text
     assert "rdma_post_calls  3" in text and "rdma_wrs         96" in text
     assert text.endswith("FAILED") and "bandwidth" not in text
+
+
+def test_doctor_checks_the_locked_memory_limit_against_the_pool():
+    """--pool-size: a process whose RLIMIT_MEMLOCK is below what it may pin
+    for GPU copies (and which has no CAP_IPC_LOCK to lift it) is told so,
+    with the ways out; one whose limit covers it is not."""
+    import resource
+    import subprocess
+    import sys
+    code = ("import resource, sys, json\n"
+            "resource.setrlimit(resource.RLIMIT_MEMLOCK, (int(sys.argv[1]), int(sys.argv[1])))\n"
+            "from gdrkv.doctor import report\n"
+            "report._can_lock = lambda: False\n"
+            "print(json.dumps(report._memlock(int(sys.argv[2]))))\n")
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+
+    def memlock(limit, plan):
+        out = subprocess.run([sys.executable, "-c", code, str(limit), str(plan)],
+                             capture_output=True, text=True, timeout=60, check=True)
+        return json.loads(out.stdout)
+
+    small = 64 << 20
+    if hard != resource.RLIM_INFINITY and hard < small:
+        small = hard
+    said = memlock(small, 64 << 30)
+    assert "below the 64GiB of the pool one process may pin" in said, said
+    assert "gpu_pin_limit" in said and "ulimit -l" in said
+    assert "may pin" not in memlock(small, small // 2)

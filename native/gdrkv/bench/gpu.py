@@ -27,7 +27,7 @@ from .._native import ffi, lib
 from ..client import Client
 from ..sizes import format_size, parse_size
 from ..table import format_table
-from . import harness
+from . import first_call, harness
 
 GPU_SIZES = "4KiB,16KiB,64KiB,256KiB,1MiB"
 SINGLE_TENANT = "-single-tenant"   # a transport measured against a --single-tenant server
@@ -49,6 +49,21 @@ def add_arguments(parser):
                         help="with --gpu: transports to measure; shm-single-tenant is shm "
                              "to a second server started with --single-tenant (default "
                              "shm,shm-single-tenant,tcp)")
+    parser.add_argument("--pool-size", type=parse_size, default=first_call.default_pool_size(),
+                        help="with --gpu or --vllm: the pool of the server the bench starts "
+                             "(default: 64 GiB on hosts of 96 GiB or more, else half the "
+                             "host's memory): what a fresh client must make reachable")
+    parser.add_argument("--first-call-procs", type=_counts, default="1,4,8",
+                        help="with --gpu: time the first calls of this many fresh client "
+                             "processes at once, each count in turn (default 1,4,8; "
+                             "0: none)")
+
+
+def _counts(value):
+    counts = [int(v) for v in value.split(",") if v.strip()]
+    if any(c < 0 for c in counts):
+        raise ValueError("process counts are 0 or more")
+    return [c for c in counts if c]
 
 
 def cuda_torch(mode):
@@ -77,21 +92,28 @@ def run(args):
     print(f"# {report['gpu']} ({why})", flush=True)
     report["ceilings"] = [_ceilings(torch, size) for size in sizes]
     print(_ceiling_table(report["ceilings"]), flush=True)
-    with harness.server(_ServerArgs(args), pretouch=True) as url:
-        for transport in transports:
-            if transport.endswith(SINGLE_TENANT):
-                # A server of its own: the flag is the whole server's.
-                with harness.server(_ServerArgs(args), ["--single-tenant"], pretouch=True) as url_1t:
-                    for size in sizes:
-                        report["gdrkv"] += _gdrkv(torch, url_1t, transport, size,
-                                                  conns=args.conns)
-                continue
-            for size in sizes:
-                report["gdrkv"] += _gdrkv(torch, url, transport, size, conns=args.conns)
-        print(_gdrkv_table(report["gdrkv"], report["ceilings"]), flush=True)
-        if "shm" in transports:
-            report["interference"] = _interference(torch, url)
-            print(_interference_table(report["interference"]), flush=True)
+    report["pool_size"] = args.pool_size
+    report["first_calls"] = []
+    # One server at a time: two pools of production size may not fit beside each other.
+    plain = [t for t in transports if not t.endswith(SINGLE_TENANT)]
+    single = [t for t in transports if t.endswith(SINGLE_TENANT)]
+    for flags, group in (([], plain), (["--single-tenant"], single)):
+        if not group:
+            continue
+        with harness.server(_ServerArgs(args), flags, pretouch=True, memory=args.pool_size) as url:
+            if any(t.startswith("shm") for t in group) and args.first_call_procs:
+                label = "shm" + (SINGLE_TENANT if flags else "")
+                rows = first_call.run(url, args.first_call_procs, label)
+                print(first_call.table(rows), flush=True)
+                report["first_calls"] += rows
+            for transport in group:
+                for size in sizes:
+                    report["gdrkv"] += _gdrkv(torch, url, transport, size, conns=args.conns)
+            if "shm" in group:
+                report["interference"] = _interference(torch, url)
+    print(_gdrkv_table(report["gdrkv"], report["ceilings"]), flush=True)
+    if report["interference"]:
+        print(_interference_table(report["interference"]), flush=True)
     harness.write_json(args.json, report)
     return 0
 

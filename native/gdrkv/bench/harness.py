@@ -76,23 +76,26 @@ def against(result, ceilings):
 
 
 @contextlib.contextmanager
-def server(args, flags=(), pretouch=False):
+def server(args, flags=(), pretouch=False, memory=None):
     """The URL to measure: args.url, or a server started in its own process
     (client and server must not share a GIL), with these extra `gdrkv
     serve` flags (and --single-tenant when args.single_tenant); its pool
-    faulted in at start with pretouch (else it starts faster)."""
+    faulted in at start with pretouch (else it starts faster), of memory
+    bytes where that is more than the measurement needs."""
     if args.url:
         yield args.url
         return
     flags = list(flags) + (["--single-tenant"] if getattr(args, "single_tenant", False) else [])
     # Every size's put window, twice over, so the background eviction (at
     # 95% of the pool) never takes the objects being read.
-    memory = 2 * sum(max(args.count * size, PUT_WINDOW) for size in args.sizes) + (256 << 20)
+    needed = 2 * sum(max(args.count * size, PUT_WINDOW) for size in args.sizes) + (256 << 20)
+    memory = max(memory or 0, needed)
     command = [sys.executable, "-m", "gdrkv", "serve", "--listen", "127.0.0.1:0",
                "--memory", str(memory), *([] if pretouch else ["--no-pretouch"]), *flags]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+        # Pretouching a pool of production size takes a while: allow 1 s per GiB more.
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S + (memory >> 30))
         line = proc.stdout.readline() if ready else ""
         if not line.startswith("gdrkv listening on "):
             raise RuntimeError(f"the server did not start: {' '.join(command)}")

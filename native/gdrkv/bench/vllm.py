@@ -62,6 +62,7 @@ def run(args):
     saved, loaded = order[:PROMPT_BLOCKS], order[PROMPT_BLOCKS:2 * PROMPT_BLOCKS]
     nbytes = PROMPT_BLOCKS * layout.segment_bytes * LAYERS
     report = {"gpu": torch.cuda.get_device_name(0), "driver": why, "bytes": nbytes,
+              "pool_size": args.pool_size,
               "blocks": PROMPT_BLOCKS, "segment_bytes": layout.segment_bytes,
               "ceilings": _ceilings(torch, layout, saved, nbytes), "connector": []}
     print(f"# {report['gpu']} ({why}); {PROMPT_BLOCKS} blocks, {format_size(nbytes)}",
@@ -71,7 +72,7 @@ def run(args):
     for transport in transports:
         # shm-single-tenant: shm to a server of its own started --single-tenant.
         flags = ["--single-tenant"] if transport.endswith(SINGLE_TENANT) else []
-        with harness.server(server_args, flags, pretouch=True) as url:
+        with harness.server(server_args, flags, pretouch=True, memory=args.pool_size) as url:
             for per_key in BLOCKS_PER_KEY:
                 report["connector"].append(_save_load(torch, KVMover, url, transport, layout,
                                                       saved, loaded, per_key, args.conns))

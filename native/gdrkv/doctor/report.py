@@ -13,7 +13,7 @@ import json
 import os
 import resource
 
-from ..sizes import format_size
+from ..sizes import format_size, parse_size
 from ..sysinfo import fs, gpu as sysinfo_gpu, pci as sysinfo_pci, rdma as sysinfo_rdma
 from ..sysinfo.host import cpu_model
 from ..table import format_table
@@ -37,6 +37,10 @@ def add_arguments(parser):
                            "sysfs (e.g. GDRKV_IBVERBS_LIB=softverbs); exit 1 when it fails")
     test.add_argument("--no-self-test", dest="self_test", action="store_const", const="off",
                       help="only report, never start a server")
+    parser.add_argument("--pool-size", type=parse_size, default=None, metavar="SIZE",
+                        help="the pool of the server engines here will map (or their "
+                             "gpu_pin_limit, if lower): checks the locked-memory limit against "
+                             "what one process may pin for GPU copies (docs/gpu.md)")
     parser.add_argument("--runs", type=int, default=5,
                         help="runs per size in the self-test's bandwidth sweep (median; default 5)")
 
@@ -44,7 +48,7 @@ def add_arguments(parser):
 def run(args):
     mode = getattr(args, "self_test", "auto")
     as_json = getattr(args, "json", False)
-    report = collect()
+    report = collect(pool_size=getattr(args, "pool_size", None))
     if not as_json:
         print(render(report), flush=True)
     reason = _skip_reason(mode, report)
@@ -77,8 +81,9 @@ def _skip_reason(mode, report):
 
 # ---------------------------------------------------------------- collecting
 
-def collect():
-    """Everything but the self-test, as a JSON-able dict."""
+def collect(pool_size=None):
+    """Everything but the self-test, as a JSON-able dict; pool_size is
+    what one process may pin for GPU copies, when known."""
     verbs = verbs_report()
     cuda = sysinfo_gpu.cuda_devices()
     devices = sysinfo_rdma.devices()
@@ -91,7 +96,7 @@ def collect():
             "hugepages": _hugepages(),
             "transparent hugepages": _thp_mode(),
             "memfd_create": _memfd(),
-            "locked memory": _memlock(),
+            "locked memory": _memlock(pool_size),
             "libibverbs": _ibverbs(),
             "cuda driver": _cuda_verdict(cuda),
             "nvidia-peermem": _peermem(),
@@ -225,16 +230,35 @@ def _memfd():
     return "available and sealable: the shm transport works here"
 
 
-def _memlock():
+def _memlock(plan=None):
     """RDMA registration pins memory, counted against RLIMIT_MEMLOCK
-    (unless the process has CAP_IPC_LOCK)."""
+    (unless the process has CAP_IPC_LOCK); so may CUDA's registration of
+    the slices of a pool a process copies GPU values with, up to plan
+    bytes (docs/gpu.md, "What each process pins")."""
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     if soft == resource.RLIM_INFINITY:
         return "unlimited"
+    if plan and soft < plan and not _can_lock():
+        return (f"{format_size(soft)}: below the {format_size(plan)} of the pool one process "
+                "may pin for GPU copies (set gpu_pin_limit below it, or ulimit -l unlimited, "
+                "LimitMEMLOCK=infinity for systemd, or CAP_IPC_LOCK)")
     if soft >= _MEMLOCK_ENOUGH:
         return format_size(soft)
     return (f"{format_size(soft)}: too small to register a pool or GPU buffers for RDMA "
             "(ulimit -l unlimited, LimitMEMLOCK=infinity for systemd, or CAP_IPC_LOCK)")
+
+
+def _can_lock():
+    """Whether this process has CAP_IPC_LOCK (bit 14 of CapEff), which
+    lifts RLIMIT_MEMLOCK."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 14 & 1)
+    except OSError:
+        pass
+    return False
 
 
 def _ibverbs():
