@@ -213,7 +213,7 @@ static int staging_mapped(const void *base, size_t len, int *state, uint64_t *dp
 
 /* The pool's slices, set up on its first GPU copy (which registers
  * nothing itself: the slices' thread does), or NULL when they can't be. */
-static struct gpu_slices *pool_slices(struct client_pool *pool)
+static struct gpu_slices *pool_slices(struct client_pool *pool, int dev)
 {
     struct gpu_slices *s = __atomic_load_n(&pool->gpu_slices, __ATOMIC_ACQUIRE);
     if (s || __atomic_load_n(&pool->gpu_failed, __ATOMIC_RELAXED))
@@ -221,9 +221,10 @@ static struct gpu_slices *pool_slices(struct client_pool *pool)
     pthread_mutex_lock(&register_lock);
     if (!pool->gpu_slices && !pool->gpu_failed) {
         struct client_gpu_pins *pins = pool->gpu_pins;
+        struct gpu_slices_ops ops = gpu_slices_cuda_ops(dev);
         s = calloc(1, sizeof *s);
         if (s && gpu_slices_init(s, pool->base, pool->map_len, !pool->writable, 0, pins->limit,
-                                 pins->ahead, &gpu_slices_cuda_ops, &pins->stats) == 0) {
+                                 pins->ahead, &ops, &pins->stats) == 0) {
             __atomic_store_n(&pool->gpu_slices, s, __ATOMIC_RELEASE);
         } else {
             free(s);
@@ -261,13 +262,13 @@ void gpu_staging_release(struct client_staging *st)
  * what it needs itself). */
 #define GPU_STAGING_REGISTERED (8ull << 20)
 
-void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g)
+void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g, int dev)
 {
     r->resolved = 1;
     r->mode = g->mode;
     if (r->pool) {
         r->base = (uint64_t)(uintptr_t)r->pool->base;
-        r->slices = pool_slices(r->pool);
+        r->slices = pool_slices(r->pool, dev);
         if (!r->slices)
             r->mode = GPU_MODE_COPY_ENGINE;
         return;

@@ -67,7 +67,8 @@ struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
  * address, and then the whole frame goes by the copy engines, which stage
  * pageable memory themselves, so no call waits for a registration.
  * Staging is registered whole on its first GPU copy (its first 8 MiB);
- * a frame past that goes by the copy engines too. */
+ * a frame past that goes by the copy engines too. dev: the device of the
+ * frame's first GPU piece, whose context registers the pool. */
 struct gpu_reach {
     struct client_pool *pool;       /* the mapping: the pool, or else */
     struct client_staging *staging; /* ...the connection's staging, for */
@@ -77,7 +78,7 @@ struct gpu_reach {
     struct gpu_slices *slices;      /* the pool's, or NULL */
     int mode;                       /* enum gpu_mode */
 };
-void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g);
+void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g, int dev);
 /* Adds the GPU's copy between caller (a GPU segment's address on device
  * dev) and [off, off + len) of the mapping to list, in the direction
  * to_caller says; it is cut where it would span two of the pool's

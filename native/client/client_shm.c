@@ -327,7 +327,7 @@ static int add_piece(struct shm_plan *pl, uint64_t seg, uint64_t seg_off, uint64
                              : gk_copy_add(pl->out, shared, mine, (size_t)len);
     }
     if (!pl->reach->resolved)
-        gpu_reach_resolve(pl->reach, b->gpu);
+        gpu_reach_resolve(pl->reach, b->gpu, dev);
     return gpu_reach_add(pl->reach, pl->gpu, dev, caller, off, len, pl->to_caller);
 }
 

@@ -89,6 +89,12 @@ static void dev_leave(const struct gk_cuda *cu)
     cu->cuCtxPopCurrent(&popped);
 }
 
+int gpu_thread_enter(int dev)
+{
+    const struct gk_cuda *cu = gk_cuda();
+    return cu && dev_enter(cu, dev) ? 0 : GDRKV_E_INTERNAL;
+}
+
 /* The context work on no device in particular runs in: the caller's
  * current one, else device 0's primary context. */
 static int enter_any(const struct gk_cuda *cu, int *pushed)

@@ -132,6 +132,10 @@ void gpu_host_free(void *p);
  * the GPU reaches base. 0 or a negative gdrkv_error. */
 int gpu_register_shared(const void *base, size_t len, int readonly, CUdeviceptr *dptr);
 void gpu_unregister(const void *base);
+/* Makes device dev's primary context the calling thread's current one for
+ * the rest of its life (a thread of gdrkv's own that works for that
+ * device); 0 or GDRKV_E_INTERNAL. */
+int gpu_thread_enter(int dev);
 
 /* Registration's probe: whether [ptr, ptr + len) is GPU memory. 0 host
  * (*device = -1), 1 GPU (*device, *buffer_id: CUDA's id of the allocation

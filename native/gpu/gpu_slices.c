@@ -20,6 +20,13 @@
 #include "gdrkv.h"
 #include "gpu.h"
 
+static void cuda_thread_start(void *ctx)
+{
+    int dev = (int)(intptr_t)ctx;
+    if (gpu_thread_enter(dev))
+        GK_WARN("the pool's registration thread cannot use GPU %d's context", dev);
+}
+
 static int cuda_reg(void *ctx, const void *base, uint64_t len, int readonly, uint64_t *dptr)
 {
     (void)ctx;
@@ -35,7 +42,10 @@ static void cuda_unreg(void *ctx, const void *base)
     gpu_unregister(base);
 }
 
-const struct gpu_slices_ops gpu_slices_cuda_ops = {cuda_reg, cuda_unreg, NULL};
+struct gpu_slices_ops gpu_slices_cuda_ops(int dev)
+{
+    return (struct gpu_slices_ops){cuda_thread_start, cuda_reg, cuda_unreg, (void *)(intptr_t)dev};
+}
 
 static uint8_t slice_state(const struct gpu_slices *s, uint32_t i)
 {
@@ -123,6 +133,8 @@ static int64_t next_slice(struct gpu_slices *s)
 static void *registrar(void *arg)
 {
     struct gpu_slices *s = arg;
+    if (s->ops.thread_start)
+        s->ops.thread_start(s->ops.ctx);
     pthread_mutex_lock(&s->lock);
     while (!s->stopping) {
         int64_t i = next_slice(s);

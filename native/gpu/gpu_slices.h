@@ -28,15 +28,20 @@
 #include <pthread.h>
 #include <stdint.h>
 
-/* The registration itself: CUDA's (gpu_slices_cuda_ops), or a test's. reg
+/* The registration itself: CUDA's (gpu_slices_cuda_ops), or a test's.
+ * thread_start (may be NULL) runs first on the registration thread; reg
  * returns 0 and where the GPU reaches base, or a negative error. */
 struct gpu_slices_ops {
+    void (*thread_start)(void *ctx);
     int (*reg)(void *ctx, const void *base, uint64_t len, int readonly, uint64_t *dptr);
     void (*unreg)(void *ctx, const void *base);
     void *ctx;
 };
 
-extern const struct gpu_slices_ops gpu_slices_cuda_ops;
+/* CUDA's registration, run in device dev's primary context: the device
+ * whose copy first asked for the mapping, so a rank's thread never makes a
+ * context on another rank's GPU. */
+struct gpu_slices_ops gpu_slices_cuda_ops(int dev);
 
 /* Slice size: a multiple of the store's allocation page (1 MiB). 64 MiB
  * registers in about 3 ms when its pages are in memory and about 50 ms

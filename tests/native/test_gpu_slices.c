@@ -28,13 +28,24 @@ struct stub {
     int norder;
     pthread_mutex_t lock;
     pthread_cond_t cond;
+    int started;                /* thread_start ran, on start_thread */
+    pthread_t start_thread;
     int hold;                   /* registrations wait while set */
     int held;                   /* a registration is waiting */
 };
 
+static void stub_thread_start(void *ctx)
+{
+    struct stub *st = ctx;
+    st->start_thread = pthread_self();
+    st->started = 1;
+}
+
 static int stub_reg(void *ctx, const void *base, uint64_t len, int readonly, uint64_t *dptr)
 {
     struct stub *st = ctx;
+    CHECK(st->started && pthread_equal(st->start_thread, pthread_self()),
+          "registrations run on the thread thread_start prepared");
     uint64_t i = ((const uint8_t *)base - st->base) / st->slice;
     CHECK(i < MAX_SLICES && len > 0 && len <= st->slice, "slice %llu of %llu bytes",
           (unsigned long long)i, (unsigned long long)len);
@@ -73,7 +84,7 @@ static void stub_init(struct stub *st, const void *base, uint64_t slice)
 
 static struct gpu_slices_ops stub_ops(struct stub *st)
 {
-    return (struct gpu_slices_ops){stub_reg, stub_unreg, st};
+    return (struct gpu_slices_ops){stub_thread_start, stub_reg, stub_unreg, st};
 }
 
 /* The mapping is never touched: slices only need addresses. */
