@@ -17,6 +17,11 @@ WORKER = Path(__file__).resolve().parents[1] / "support" / "lmcache_vllm_worker.
 CHUNK_TOKENS = 16                 # lmcache_vllm_worker.CHUNK_TOKENS
 
 
+# Their engines run in the vLLM environment with its own optimised gdrkv
+# (support/vllm_env.py): the sanitized pass leaves them out.
+pytestmark = pytest.mark.vllm_env
+
+
 def worker(python, mode, server, model, hashseed, first=5000, count=2 * CHUNK_TOKENS + 3):
     """Runs one LMCache worker process with PYTHONHASHSEED=hashseed (None:
     unset) and returns its report."""

@@ -17,6 +17,11 @@ BLOCKS = 128                # vllm_engine's default num_blocks
 BLOCK_BYTES = 2 * BLOCK * 2 * 8 * 2 * 2     # layers x tokens x heads x K|V x head size x bf16
 
 
+# Their engines run in the vLLM environment with its own optimised gdrkv
+# (support/vllm_env.py): the sanitized pass leaves them out.
+pytestmark = pytest.mark.vllm_env
+
+
 def engine(python, server, namespace, phases, env=None, **scenario):
     """Runs one engine over phases (each: requests {id: tokens}, max_tokens,
     occupy_blocks, break_after_lookup); its report, after checking that it

@@ -8,6 +8,10 @@ import pytest
 
 from support.util import run_gdrkv
 
+# They measure the CPU a server spends: beside the parallel tests' load
+# the polling worker gets too little of it to show.
+pytestmark = pytest.mark.alone
+
 
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
