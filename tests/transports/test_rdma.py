@@ -194,8 +194,11 @@ def test_server_killed_mid_batch(server_factory, make_client):
     fail (a lease not confirmed vouches for nothing), nothing hangs. The
     reader is a child whose softverbs runs each WR slowly
     (SOFTVERBS_EXEC_DELAY_US, read once per process) and which kills the
-    server itself once its counters show the first stripes' READs done: the
-    connections' READs run one frame after another in the call's loop."""
+    server itself once its counters show the first stripes' READs done, so
+    the later ones can't be confirmed. How many frames had their RELEASE
+    answered by then depends on how the call's loop interleaves its
+    connections' READs and RELEASEs (softverbs runs a QP's READs when its
+    CQ is polled): none, or the first stripes'."""
     victim = server_factory("256MiB")
     n, size = 64, 1 << 20
     ns = unique("kill")
@@ -206,7 +209,7 @@ def test_server_killed_mid_batch(server_factory, make_client):
     out = python_child(KILL_MID_BATCH, victim.url, ns, victim.proc.pid, n, size,
                        env={"SOFTVERBS_EXEC_DELAY_US": "20000"})
     landed = int(out.split()[-1])
-    assert 0 < landed < n, f"{landed} of {n} keys arrived: the kill was not mid-batch"
+    assert landed < n, f"{landed} of {n} keys arrived: the kill was not mid-batch"
     victim.kill()                           # reaps it
     victim.restart()
     fresh = rdma_client(make_client, victim, backoff_max_ms=100)
