@@ -4,7 +4,6 @@ pages at scattered places, mixed host/GPU batches, the kernel copy racing
 eviction (the lease must hold), and GPU memory gdrkv must refuse. Skipped
 only where no GPU is present; everything else fails loudly (a GPU machine
 without torch included)."""
-import os
 import random
 import threading
 import time
@@ -575,13 +574,6 @@ def test_rdma_flush_read_of_gpu_memory(torch, server, make_client, monkeypatch):
     check_rdma_moved_gpu_memory(client, "rdma")
 
 
-def production_pool_size():
-    """64 GiB where the host has room for it beside the test (96 GiB or
-    more), else half the host's memory: a pool of the size engines meet."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return 64 << 30 if total >= 96 << 30 else (total // 2) >> 30 << 30
-
-
 @pytest.mark.parametrize("server_mode", ["staged", "single-tenant"])
 def test_first_calls_of_four_fresh_processes_on_a_production_pool(torch, server_factory,
                                                                    server_mode):
@@ -591,7 +583,8 @@ def test_first_calls_of_four_fresh_processes_on_a_production_pool(torch, server_
     it succeed within the call's timeout, byte-exact, and each pinned a few
     slices of the pool, not the pool."""
     from gdrkv.bench import first_call
-    srv = server_factory(memory=str(production_pool_size()),
+    # The pool bench --gpu measures with: 64 GiB where the host has room.
+    srv = server_factory(memory=str(first_call.default_pool_size()),
                          args=["--single-tenant"] if server_mode == "single-tenant" else [])
     (row,) = first_call.run(srv.url, [4], "shm", timeout_ms=5000)
     for worker in row["workers"]:
