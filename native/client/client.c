@@ -197,7 +197,7 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     c->opts.token_file = NULL;
     const char *token_file = opts->token_file ? opts->token_file : getenv("GDRKV_TOKEN_FILE");
     if (token_file && *token_file) {
-        rc = gk_token_load(token_file, 0, &c->token, err, errlen);
+        rc = gk_token_load(token_file, &c->token, err, errlen);
         if (rc) {
             gdrkv_client_close(c);
             return rc;

@@ -14,8 +14,7 @@
 #include "gdrkv.h"
 #include "sha256.h"
 
-int gk_token_load(const char *path, int private_only, struct gk_token *t, char *err,
-                  size_t errlen)
+int gk_token_load(const char *path, struct gk_token *t, char *err, size_t errlen)
 {
     struct stat st;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -27,7 +26,7 @@ int gk_token_load(const char *path, int private_only, struct gk_token *t, char *
     ssize_t n = -1;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         why = "not a regular file";
-    else if (private_only && (st.st_mode & 077))
+    else if (st.st_mode & 077)
         why = "group or others may access it (chmod 600 it)";
     else if (st.st_size > GK_TOKEN_MAX)
         why = "longer than 4096 bytes";

@@ -29,11 +29,11 @@ struct gk_token {
 };
 
 /* Reads the token from path: the file's bytes without trailing whitespace.
- * private_only (the server): the file must be a regular file that neither
- * group nor others may read or write. Returns 0, or GDRKV_E_INVALID with a
+ * The file must be a regular file that neither group nor others may read
+ * or write, for the client as for the server: a secret others can read is
+ * no secret, whichever side holds it. Returns 0, or GDRKV_E_INVALID with a
  * message in err naming the file and what is wrong. */
-int gk_token_load(const char *path, int private_only, struct gk_token *t, char *err,
-                  size_t errlen);
+int gk_token_load(const char *path, struct gk_token *t, char *err, size_t errlen);
 
 /* Fills a nonce from the kernel's random source; 0 or GDRKV_E_INTERNAL. */
 int gk_auth_nonce(uint8_t nonce[GK_AUTH_NONCE_SIZE]);

@@ -207,7 +207,7 @@ static int load_token(struct gdrkv_server *s, const gdrkv_server_opts *opts, cha
 {
     if (!opts->auth_token_file || !*opts->auth_token_file)
         return 0;
-    return gk_token_load(opts->auth_token_file, 1, &s->token, err, errlen);
+    return gk_token_load(opts->auth_token_file, &s->token, err, errlen);
 }
 
 /* The disk option's comma-separated directories, cut in place in list. */

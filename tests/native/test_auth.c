@@ -111,24 +111,25 @@ static void test_token_file(void)
     static struct gk_token t;
 
     write_file(path, "0123456789abcdef0123\n\n", 0600);
-    CHECK_EQ(gk_token_load(path, 1, &t, err, sizeof err), 0);
+    CHECK_EQ(gk_token_load(path, &t, err, sizeof err), 0);
     CHECK_EQ(t.len, 20u);                   /* trailing newlines are not the secret */
     CHECK(memcmp(t.bytes, "0123456789abcdef0123", 20) == 0, "token bytes");
 
     write_file(path, "0123456789abcdef0123", 0640);
-    CHECK_EQ(gk_token_load(path, 1, &t, err, sizeof err), GDRKV_E_INVALID);
+    CHECK_EQ(gk_token_load(path, &t, err, sizeof err), GDRKV_E_INVALID);
     CHECK(strstr(err, "chmod 600") && strstr(err, path), "%s", err);
     CHECK_EQ(t.len, 0u);
-    CHECK_EQ(gk_token_load(path, 0, &t, err, sizeof err), 0);   /* a client reads it anyway */
+    write_file(path, "0123456789abcdef0123", 0604);     /* others only: refused too */
+    CHECK_EQ(gk_token_load(path, &t, err, sizeof err), GDRKV_E_INVALID);
 
     write_file(path, "short\n", 0600);
-    CHECK_EQ(gk_token_load(path, 1, &t, err, sizeof err), GDRKV_E_INVALID);
+    CHECK_EQ(gk_token_load(path, &t, err, sizeof err), GDRKV_E_INVALID);
     CHECK(strstr(err, "shorter than 16"), "%s", err);
 
     unlink(path);
-    CHECK_EQ(gk_token_load(path, 1, &t, err, sizeof err), GDRKV_E_INVALID);
+    CHECK_EQ(gk_token_load(path, &t, err, sizeof err), GDRKV_E_INVALID);
     CHECK(strstr(err, "No such file"), "%s", err);
-    CHECK_EQ(gk_token_load(dir, 1, &t, err, sizeof err), GDRKV_E_INVALID);
+    CHECK_EQ(gk_token_load(dir, &t, err, sizeof err), GDRKV_E_INVALID);
     CHECK(strstr(err, "not a regular file"), "%s", err);
     rmdir(dir);
 }

@@ -86,6 +86,7 @@ def test_clients_without_the_token_are_denied(auth_server, token_file, make_clie
 def test_a_wrong_token_is_denied(auth_server, tmp_path, make_client):
     wrong = tmp_path / "wrong"
     wrong.write_bytes(TOKEN[::-1])
+    wrong.chmod(0o600)
     client = make_client(auth_server.url, token_file=str(wrong), transport="tcp",
                          namespace=unique("wrong"))
     key = unique("k")
@@ -218,6 +219,14 @@ def test_the_token_file_must_be_private(server_factory, token_file):
     os.chmod(token_file, 0o644)
     with pytest.raises(RuntimeError, match="chmod 600"):
         server_factory("16MiB", args=["--auth-token-file", token_file])
+
+
+def test_a_client_refuses_a_token_file_others_can_read(auth_server, token_file):
+    """The same rule as the server's: a secret others can read is none."""
+    for mode in (0o644, 0o640, 0o604):
+        os.chmod(token_file, mode)
+        with pytest.raises(ValueError, match="chmod 600"):
+            gdrkv.Client(auth_server.url, token_file=token_file)
 
 
 def test_a_short_token_is_refused(server_factory, tmp_path):
