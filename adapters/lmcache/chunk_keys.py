@@ -12,7 +12,7 @@ replica, so DP replicas share keys. Memory format, chunk tokens and chunk
 bytes come from the connector: a reader of another geometry computes
 another key and misses instead of reading bytes laid out differently.
 """
-import importlib.util
+import importlib.metadata
 import os
 
 from lmcache.v1.exceptions import IrrecoverableException
@@ -56,22 +56,62 @@ def _content_id(key):
     return "@".join([key.chunk_hash_hex, *(f"{name}%{value}" for name, value in key.tags or ())])
 
 
-def require_deterministic_hashing():
+def require_deterministic_hashing(algorithm="builtin"):
     """Raises IrrecoverableException when chunk hashes would differ between
     processes, which would make every lookup by another process miss.
 
-    With vLLM importable, LMCache seeds its hash chain from vLLM's NONE_HASH:
-    random in every process unless PYTHONHASHSEED holds a number (the default
-    "builtin" hash also randomises strings, so "random" is no better than
-    unset). Without vLLM, LMCache starts the chain at 0 and hashes only
-    integers, which Python never randomises.
+    LMCache seeds its hash chain with vLLM's NONE_HASH when it can import
+    vLLM's kv_cache_utils, else with 0 (and then hashes only integers, which
+    Python never randomises). vLLM derives NONE_HASH by hashing a seed with
+    LMCache's pre_caching_hash_algorithm: the seed is PYTHONHASHSEED if set,
+    else a fixed one for sha256 and sha256_cbor but random bytes for xxhash;
+    and "builtin" is Python's hash(), which randomises that string unless
+    PYTHONHASHSEED holds a number. Rather than restate vLLM's rules, this
+    asks the vLLM that LMCache will ask, as LMCache does.
     """
     seed = os.environ.get("PYTHONHASHSEED")
-    if (seed is not None and seed.isdigit()) or importlib.util.find_spec("vllm") is None:
+    if seed is not None and seed.isdigit():
+        return
+    if _vllm_seeds_chunk_hashes_alike(algorithm):
         return
     raise IrrecoverableException(
         "gdrkv: LMCache's chunk hashes are not deterministic across processes: vLLM is "
-        f"installed and PYTHONHASHSEED is {'unset' if seed is None else repr(seed)}, so every "
-        "process hashes the same tokens to other keys and never hits what another process "
-        "stored. Set the same PYTHONHASHSEED for every vLLM process before it starts, "
-        "e.g. `export PYTHONHASHSEED=0`.")
+        f"installed, pre_caching_hash_algorithm is {algorithm!r} and PYTHONHASHSEED is "
+        f"{'unset' if seed is None else repr(seed)}, so every process hashes the same tokens "
+        "to other keys and never hits what another process stored. Set the same "
+        "PYTHONHASHSEED for every vLLM process before it starts, e.g. `export PYTHONHASHSEED=0`, "
+        "or use pre_caching_hash_algorithm: sha256_cbor.")
+
+
+def _vllm_seeds_chunk_hashes_alike(algorithm):
+    """Whether every process gets the NONE_HASH this one gets (PYTHONHASHSEED
+    not a number): there is no vLLM distribution, or LMCache could not use
+    it (NONE_HASH is then 0), or vLLM resolves the same seed twice for a
+    hash of vLLM's own (hash() of a string is random per process). A folder
+    named vllm on the path is no vLLM: LMCache's import of kv_cache_utils
+    fails there too."""
+    try:
+        importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    try:
+        from vllm.v1.core import kv_cache_utils
+    except ImportError:
+        return True
+    if not hasattr(kv_cache_utils, "init_none_hash"):
+        return True
+    resolve = getattr(kv_cache_utils, "resolve_none_hash_seed", None)
+    hash_fn = _vllm_hash_fn(algorithm)
+    if resolve is None or hash_fn is None:
+        return False
+    return resolve(hash_fn) == resolve(hash_fn)
+
+
+def _vllm_hash_fn(algorithm):
+    """vLLM's hash function of that name, as LMCache picks it (under its old
+    name too), or None where LMCache falls back to Python's hash()."""
+    try:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        return get_hash_fn_by_name({"sha256_cbor_64bit": "sha256_cbor"}.get(algorithm, algorithm))
+    except (ImportError, ValueError):
+        return None

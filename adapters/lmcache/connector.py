@@ -57,7 +57,7 @@ class GdrkvConnector(RemoteConnector):
         if config.use_layerwise:
             raise config_error("use_layerwise is not supported: a layer's bytes would be "
                                "read back as a partial chunk")
-        require_deterministic_hashing()
+        require_deterministic_hashing(config.pre_caching_hash_algorithm)
         if url is None:
             url = _url_from_external(config.remote_url)
         try:

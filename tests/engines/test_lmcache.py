@@ -425,6 +425,19 @@ def test_adapter_answers_only_for_gdrkv_plugins_and_urls():
     assert not adapter.can_parse("redis://10.0.0.5:6379") and not adapter.can_parse("lm://h:1")
 
 
+def test_a_folder_named_vllm_is_no_vllm(tmp_path, monkeypatch):
+    """Without vLLM installed, LMCache hashes only integers: the guard lets
+    it start without PYTHONHASHSEED, even with a vllm/ folder on the path
+    (the current directory, say), which LMCache cannot use either."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    from gdrkv.adapters.lmcache.chunk_keys import require_deterministic_hashing
+    for algorithm in ("builtin", "sha256_cbor"):
+        require_deterministic_hashing(algorithm)
+
+
 def remote_url_config(server, **overrides):
     """configs/lmcache/remote-url.yaml as LMCache reads it, with its url
     pointed at server and the test's small buffer and timeouts."""

@@ -22,14 +22,15 @@ CHUNK_TOKENS = 16                 # lmcache_vllm_worker.CHUNK_TOKENS
 pytestmark = pytest.mark.vllm_env
 
 
-def worker(python, mode, server, model, hashseed, first=5000, count=2 * CHUNK_TOKENS + 3):
+def worker(python, mode, server, model, hashseed, first=5000, count=2 * CHUNK_TOKENS + 3,
+           algorithm="builtin"):
     """Runs one LMCache worker process with PYTHONHASHSEED=hashseed (None:
-    unset) and returns its report."""
+    unset) and LMCache's pre_caching_hash_algorithm, and returns its report."""
     env = vllm_env()
     if hashseed is not None:
         env["PYTHONHASHSEED"] = hashseed
-    report = run_vllm_script(python, [WORKER, mode, server.url, model, str(first), str(count)],
-                             env)
+    report = run_vllm_script(python, [WORKER, mode, server.url, model, str(first), str(count),
+                                      algorithm], env)
     assert report["vllm"] == "0.33.0"
     return report
 
@@ -68,3 +69,25 @@ def test_same_hash_seed_shares_chunks_across_processes(vllm_python, server):
     assert other["backend"] and other["none_hash"] != writer["none_hash"]
     assert not set(other["keys"]) & set(writer["keys"])
     assert other["contains"] == 0 and other["hits"] == [False] * chunks
+
+
+def test_vllm_hashes_share_chunks_without_a_hash_seed(vllm_python, server):
+    """sha256_cbor: vLLM seeds NONE_HASH from a fixed string when
+    PYTHONHASHSEED is unset, so the adapter starts and a second process
+    hits what the first stored."""
+    model = unique("model")
+    writer = worker(vllm_python, "write", server, model, None, algorithm="sha256_cbor")
+    assert writer["backend"] and writer["stored"] == 3
+    reader = worker(vllm_python, "read", server, model, None, algorithm="sha256_cbor")
+    assert reader["none_hash"] == writer["none_hash"] != 0
+    assert reader["keys"] == writer["keys"] and reader["hits"] == [True] * 3
+
+
+def test_the_guard_follows_vllms_own_seed_rules(vllm_python):
+    """Python's hash() needs a numeric PYTHONHASHSEED; vLLM's sha256 hashes
+    need none; its xxhash, any seed at all (else vLLM seeds it randomly)."""
+    report = run_vllm_script(vllm_python, [WORKER, "guard"], vllm_env())
+    passes = {case for case, ok in report["verdicts"].items() if ok}
+    assert passes == {"builtin 0", "xxhash random", "xxhash 0",
+                      *(f"{sha} {seed}" for sha in ("sha256", "sha256_cbor", "sha256_cbor_64bit")
+                        for seed in (None, "random", "0"))}

@@ -2,7 +2,8 @@
 run by tests/engines/test_lmcache_vllm.py with the python of .venv-vllm
 (tests/install_vllm_env.sh), never imported by pytest.
 
-    python lmcache_vllm_worker.py start|write|read URL MODEL FIRST_TOKEN COUNT
+    python lmcache_vllm_worker.py start|write|read URL MODEL FIRST_TOKEN COUNT [ALGORITHM]
+    python lmcache_vllm_worker.py guard
 
 LMCache builds its LocalCPUBackend and the gdrkv plugin's RemoteBackend
 from its own config, as in an engine, and its ChunkedTokenDatabase hashes
@@ -11,12 +12,15 @@ from vLLM's NONE_HASH. Prints one JSON line: the vLLM version, LMCache's
 NONE_HASH, whether the gdrkv backend was built (and if not, why: "start"
 builds it again to catch the exception LMCache logs and swallows), the
 chunk keys, and for "write" the chunks stored, for "read" which chunks came
-back byte-exact.
+back byte-exact. ALGORITHM is LMCache's pre_caching_hash_algorithm
+(default builtin). "guard" prints, for hash algorithms and PYTHONHASHSEED
+values, whether the adapter's determinism guard lets LMCache start.
 """
 import asyncio
 import hashlib
 import json
 import sys
+import os
 import threading
 
 import torch
@@ -30,6 +34,8 @@ from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.storage_backend import CreateStorageBackends
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+from gdrkv.adapters.lmcache.chunk_keys import require_deterministic_hashing
+
 CHUNK_TOKENS = 16
 TIMEOUT_S = 30
 
@@ -40,9 +46,27 @@ def content(key, size):
     return hashlib.shake_256(f"{key.chunk_hash_hex}/{size}".encode()).digest(size)
 
 
-def main(mode, url, model, first, count):
+def guard():
+    """{"ALGORITHM SEED": whether the guard passes}: vLLM resolves its seed
+    from the environment at each call, so one process can ask for all."""
+    verdicts = {}
+    for algorithm in ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash"):
+        for seed in (None, "random", "0"):
+            if seed is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = seed
+            try:
+                require_deterministic_hashing(algorithm)
+                verdicts[f"{algorithm} {seed}"] = True
+            except IrrecoverableException:
+                verdicts[f"{algorithm} {seed}"] = False
+    return verdicts
+
+
+def main(mode, url, model, first, count, algorithm="builtin"):
     config = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK_TOKENS, local_cpu=False, max_local_cpu_size=0.01, remote_serde="naive",
+        chunk_size=CHUNK_TOKENS, pre_caching_hash_algorithm=algorithm, local_cpu=False, max_local_cpu_size=0.01, remote_serde="naive",
         remote_storage_plugins=["gdrkv"], save_unfull_chunk=True, blocking_timeout_secs=10,
         extra_config={"remote_storage_plugin.gdrkv.module_path": "gdrkv.adapters.lmcache",
                       "remote_storage_plugin.gdrkv.class_name": "GdrkvConnectorAdapter",
@@ -100,4 +124,7 @@ def main(mode, url, model, first, count):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    if sys.argv[1] == "guard":
+        print(json.dumps({"vllm": vllm.__version__, "verdicts": guard()}))
+    else:
+        main(*sys.argv[1:4], *map(int, sys.argv[4:6]), *sys.argv[6:])
