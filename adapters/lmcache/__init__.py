@@ -18,7 +18,8 @@ remote_storage_plugin.gdrkv.a.* settings.
 
 remote_url: gdrkv://host:port works too (what LMCache's basic_check
 --mode test_remote uses), with the plugin declared as above but without its
-url: that plugin's own backend then stays idle, so nothing is written twice
+url: that plugin then builds no backend of its own (LMCache logs why), so
+LMCache holds one gdrkv backend
 (configs/lmcache/remote-url.yaml). configs/lmcache/ has complete examples.
 """
 from .adapter import GdrkvConnectorAdapter

@@ -2,7 +2,6 @@
 loads (remote_storage_plugin.<name>.class_name) to build GdrkvConnectors."""
 from lmcache.logging import init_logger
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, extract_plugin_type
-from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .connector import GdrkvConnector, config_error
 
@@ -19,9 +18,10 @@ class GdrkvConnectorAdapter(ConnectorAdapter):
 
     Also serves remote_url: gdrkv://... once a gdrkv plugin is declared
     (LMCache 0.5.6 loads out-of-tree adapters through plugins alone, and
-    builds a backend for the plugin as well as for remote_url): a plugin
-    instance with no url of its own then stays idle, so nothing is written
-    twice."""
+    tries to build a backend for the plugin as well as for remote_url): a
+    plugin instance with no url of its own refuses to be built, so LMCache's
+    backends hold one gdrkv backend, and nothing can write into one that
+    stores nothing."""
 
     def __init__(self):
         super().__init__("plugin://" + PLUGIN_TYPE)
@@ -42,35 +42,14 @@ class GdrkvConnectorAdapter(ConnectorAdapter):
         option = f"remote_storage_plugin.{context.plugin_name}.url"
         url = (config.extra_config or {}).get(option)
         if not url and (config.remote_url or "").startswith(URL_SCHEME):
-            logger.info("gdrkv: remote_url %s is the store; plugin %s, which names no url "
-                        "of its own, stays idle", config.remote_url, context.plugin_name)
-            return IdleConnector(config, context.metadata)
+            # LMCache logs this as "Failed to create remote backend for plugin
+            # gdrkv" and goes on without it: the one way it offers to not
+            # build a backend.
+            raise config_error(f"plugin {context.plugin_name} names no url of its own: "
+                               f"remote_url {config.remote_url} is the store, and this plugin "
+                               "builds no second backend (configs/lmcache/remote-url.yaml)")
         if not url:
             raise config_error(f"extra_config has no {option!r}: "
                                "set it to gdrkv://host:port[,host:port...]")
         return GdrkvConnector(context.loop, context.local_cpu_backend, config,
                               context.metadata, url)
-
-
-class IdleConnector(RemoteConnector):
-    """The backend LMCache builds for a gdrkv plugin declared only so that
-    remote_url: gdrkv://... can be parsed: it holds nothing and stores
-    nothing (the remote_url backend does both)."""
-
-    async def exists(self, key):
-        return False
-
-    def exists_sync(self, key):
-        return False
-
-    async def get(self, key):
-        return None
-
-    async def put(self, key, memory_obj):
-        return None
-
-    async def list(self):
-        return []
-
-    async def close(self):
-        return None

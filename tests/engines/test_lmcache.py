@@ -452,22 +452,20 @@ def remote_url_config(server, **overrides):
     return config
 
 
-def test_remote_url_form_writes_each_chunk_once(server, loop):
+def test_remote_url_form_has_one_gdrkv_backend(server, loop):
     """remote_url: gdrkv://... with the plugin declared but given no url:
-    the remote_url backend stores and serves the chunks, the plugin's own
-    backend (which LMCache builds as well) stays idle, so nothing is
-    written twice."""
+    LMCache's backends hold the remote_url backend alone (the plugin refuses
+    to build a second one, which would accept puts and store nothing), and
+    it stores and serves every chunk once."""
     worker = Worker(loop, remote_url_config(server), engine_metadata(unique("model")))
     try:
+        assert [name for name in worker.backends if name.startswith("RemoteBackend")] == [
+            "RemoteBackend"]
         assert type(worker.connector(plugin=None)).__name__ == "GdrkvConnector"
-        assert type(worker.connector("gdrkv")).__name__ == "IdleConnector"
         puts = server.stats()["puts"]
         chunks = worker.store(tokens(2 * CHUNK_TOKENS + 3), plugin=None)
         assert server.stats()["puts"] == puts + 3
-        worker.store(tokens(CHUNK_TOKENS), plugin="gdrkv")          # goes nowhere
-        assert server.stats()["puts"] == puts + 3
         for key, ntokens in chunks:
-            assert not worker.remote("gdrkv").contains(key)
             obj = worker.remote(plugin=None).get_blocking(key)
             check_chunk(obj, key, ntokens, worker.metadata)
             obj.ref_count_down()
