@@ -32,6 +32,7 @@ void client_pool_put(struct client_pool *p)
     if (p && __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         gpu_pool_release(p);
         munmap((void *)p->base, p->map_len);
+        pthread_mutex_destroy(&p->pins_lock);
         free(p);
     }
 }
@@ -143,6 +144,9 @@ static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size
         free(p);
         return NULL;
     }
+    static uint64_t mappings;      /* names the process's mappings in PINS */
+    pthread_mutex_init(&p->pins_lock, NULL);
+    p->pins_mapping = __atomic_add_fetch(&mappings, 1, __ATOMIC_RELAXED);
     p->base = base;
     p->size = size;
     p->dev = st->st_dev;
@@ -658,6 +662,40 @@ static int poll_launch(struct client_conn *c)
 }
 
 /* shm GET: copied out of the mapped pool, then the lease confirmed. */
+/* ------------------------------------------------------------ pin reports */
+
+int client_shm_pins_request(struct client_conn *c, uint8_t *buf)
+{
+    struct client_pool *p = c->pool;
+    struct gpu_slices *s = p ? __atomic_load_n(&p->gpu_slices, __ATOMIC_ACQUIRE) : NULL;
+    if (!s || __atomic_load_n(&p->pins_off, __ATOMIC_RELAXED) ||
+        gpu_slices_pinned(s) == __atomic_load_n(&p->pins_told, __ATOMIC_RELAXED))
+        return 0;
+    /* Under the lock each seq goes out with the bytes it was given, so
+     * the server keeps the latest whatever order connections deliver them. */
+    pthread_mutex_lock(&p->pins_lock);
+    struct gk_pins r = {.mapping = p->pins_mapping, .seq = ++p->pins_seq,
+                        .bytes = gpu_slices_pinned(s)};
+    __atomic_store_n(&p->pins_told, r.bytes, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&p->pins_lock);
+
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_PINS,
+                       .body_len = GK_PINS_BODY_SIZE, .req_id = c->next_req_id++};
+    gk_hdr_encode(&h, buf);
+    gk_pins_encode(buf + GK_HDR_SIZE, &r);
+    return 1;
+}
+
+void client_shm_pins_answered(struct client_conn *c)
+{
+    const struct gk_hdr *h = &c->resp;
+    if (h->status == 0 || __atomic_exchange_n(&c->pool->pins_off, 1, __ATOMIC_RELAXED))
+        return;
+    GK_WARN("%s refused this process's report of what it pins of the pool (%s): %.*s; "
+            "no more reports from this mapping", c->ep->name, gdrkv_strerror(h->status),
+            (int)GK_MIN(h->body_len, 200u), (const char *)c->body);
+}
+
 static const struct client_exchange shm_lease = {
     .request = GK_OP_LEASE, .answer = copy_leased,
     .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,

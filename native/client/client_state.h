@@ -171,6 +171,12 @@ struct client_pool {
     struct gpu_slices *gpu_slices;  /* atomic: made reachable from the GPU in slices,
                                        from its first GPU copy on (client_gpu.c) */
     int gpu_failed;         /* ...or that could not be set up: the copy engines do */
+    /* What the server was told of the slices' pins (PINS, client_shm.c). */
+    pthread_mutex_t pins_lock;  /* orders the reports: each seq goes with its bytes */
+    uint64_t pins_mapping;      /* this mapping's name in them, unique in the process */
+    uint64_t pins_seq;          /* the last report's */
+    uint64_t pins_told;         /* atomic: the bytes it said */
+    int pins_off;               /* atomic: the server refused one: no more */
 };
 
 /* A connection's staging memfd (HELLO's second fd), mapped writable: its

@@ -99,7 +99,7 @@ static void register_slice(struct gpu_slices *s, uint32_t i)
         return;
     }
     s->slices[i].dptr = dptr;
-    s->pinned += len;
+    __atomic_fetch_add(&s->pinned, len, __ATOMIC_RELAXED);
     add_stat(&s->stats->pinned_bytes, len);
     add_stat(&s->stats->slices_registered, 1);
     set_state(s, i, GPU_SLICE_READY);
@@ -252,6 +252,11 @@ int gpu_slices_reach(struct gpu_slices *s, uint64_t addr, uint64_t len)
             demand(s, i);
     }
     return ready;
+}
+
+uint64_t gpu_slices_pinned(const struct gpu_slices *s)
+{
+    return __atomic_load_n(&s->pinned, __ATOMIC_RELAXED);
 }
 
 uint64_t gpu_slices_dptr(const struct gpu_slices *s, uint64_t addr)

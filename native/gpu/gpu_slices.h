@@ -82,7 +82,8 @@ struct gpu_slices {
     uint32_t count;
     int readonly;
     uint64_t pin_limit;         /* most bytes pinned at once */
-    uint64_t pinned;            /* bytes registered now: the thread's alone */
+    uint64_t pinned;            /* bytes registered now: the thread writes it, anyone
+                                   reads it (gpu_slices_pinned) */
     uint64_t ahead_limit;       /* registered ahead of demand, at most */
     struct gpu_slices_ops ops;
     struct gpu_slice *slices;
@@ -116,6 +117,8 @@ void gpu_slices_destroy(struct gpu_slices *s);
 /* Whether every slice that [addr, addr + len) touches is registered; if
  * not, the ones that were never asked for are queued. Never waits. */
 int gpu_slices_reach(struct gpu_slices *s, uint64_t addr, uint64_t len);
+/* Bytes of the mapping registered now (the PINS report, client_shm.c). */
+uint64_t gpu_slices_pinned(const struct gpu_slices *s);
 /* The GPU's address of addr, which gpu_slices_reach found registered. */
 uint64_t gpu_slices_dptr(const struct gpu_slices *s, uint64_t addr);
 /* The first slice border after addr (addr inside the mapping). */

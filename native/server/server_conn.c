@@ -55,6 +55,10 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     c->serial = ++w->next_serial;
     c->local = local;
     c->peer = *peer;
+    if (local) {
+        c->pid = server_pins_peer_pid(fd);
+        server_pins_join(w->server->pins, c->pid);
+    }
     c->pass_fds[0] = c->pass_fds[1] = -1;
     c->staging.fd = -1;
     c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
@@ -90,6 +94,8 @@ void server_conn_close(struct server_conn *c)
         c->next->prev = c->prev;
     /* Gives back the slots the worker took for this connection at accept. */
     server_conn_slot_give(w->server, c->local, &c->peer);
+    if (c->local)
+        server_pins_leave(w->server->pins, c->pid);
     __atomic_fetch_sub(&w->server->buffered_bytes, c->body_cap, __ATOMIC_RELAXED);
     free(c->body);
     free(c->out);
