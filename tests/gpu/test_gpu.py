@@ -17,7 +17,7 @@ from gdrkv.errors import E_INVALID, E_NOT_FOUND
 from support.content import batch_put_bytes, content
 from support.gpu import GPU_OK, GPU_WHY, TRANSPORTS
 from support.softverbs import SOFTVERBS
-from support.util import background, stat, unique
+from support.util import background, stat, unique, wait_for
 
 pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
 
@@ -328,6 +328,24 @@ def test_first_gpu_get_registers_nothing(torch, server, make_client):
     again = get_pages_into_gpu(torch, client, "first", seed=11, warm=False)
     assert again == {"gpu_kernel_launches": 1, "gpu_copy_engine_calls": 0,
                      "gpu_slice_demands": 0}
+
+
+def test_the_server_shows_what_client_processes_pin(torch, server_factory, make_client):
+    """`gdrkv stat`'s client pins (PINS, docs/gpu.md): once a client's
+    slices are registered, its next call tells the server, whose figures
+    are then the client's own; they go when the client does."""
+    srv = server_factory(memory="1GiB")
+    client = client_for(make_client, srv, "shm", gpu_copy="kernel", conns=1)
+    get_pages_into_gpu(torch, client, "told", seed=5, warm=False)
+    pinned = slices_settled(client)["gpu_pinned_bytes"]
+    assert pinned > 0
+    assert client.batch_exists(["told-0"]) == [True]      # the call that carries the report
+    s = srv.stats()
+    assert (stat(s, "client_pinned_bytes"), stat(s, "client_pinned_max_process_bytes"),
+            stat(s, "client_pinning_processes")) == (pinned, pinned, 1)
+    client.close()
+    wait_for(lambda: stat(srv.stats(), "client_pinning_processes") == 0, 10,
+             "the report to go with the client's connections")
 
 
 def test_gpu_pin_limit_bounds_what_is_pinned(torch, server, make_client):
