@@ -37,6 +37,10 @@ void client_pool_put(struct client_pool *p)
     }
 }
 
+/* pins_told when the server may not know the pool's pins (no slice pins
+ * that many bytes). */
+#define PINS_UNTOLD UINT64_MAX
+
 /* Receives exactly len bytes; descriptors that come with them land in
  * fds[0] and fds[1] in order (fds[nfds++]); any beyond those are closed. */
 static int recv_exact(int fd, uint8_t *buf, size_t len, int fds[2], int *nfds,
@@ -298,6 +302,9 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
     }
     /* Every connection of one server gets staging of one size. */
     __atomic_store_n(&(*pool)->staging_len, staging->len, __ATOMIC_RELAXED);
+    /* The server forgets a process's reports with its last connection
+     * (idle ones close): a new connection's first frame tells it again. */
+    __atomic_store_n(&(*pool)->pins_told, PINS_UNTOLD, __ATOMIC_RELAXED);
     return fd;
 }
 

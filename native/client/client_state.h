@@ -175,7 +175,8 @@ struct client_pool {
     pthread_mutex_t pins_lock;  /* orders the reports: each seq goes with its bytes */
     uint64_t pins_mapping;      /* this mapping's name in them, unique in the process */
     uint64_t pins_seq;          /* the last report's */
-    uint64_t pins_told;         /* atomic: the bytes it said */
+    uint64_t pins_told;         /* atomic: the bytes it said; reset by each new
+                                   connection, which may be the process's only one */
     int pins_off;               /* atomic: the server refused one: no more */
 };
 

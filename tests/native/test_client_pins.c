@@ -112,19 +112,57 @@ static void *keep_calling(void *arg)
     return NULL;
 }
 
-int main(void)
+static gdrkv_server *start_server(uint32_t idle_timeout_ms, char *addr, size_t len)
 {
     gdrkv_server_opts so;
     gdrkv_server *server = NULL;
-    char err[256] = "", addr[64];
+    char err[256] = "";
     gdrkv_server_opts_init(&so);
     so.listen = "127.0.0.1:0";
     so.memory_bytes = POOL_BYTES;
     so.workers = 2;
     so.hugepages = 0;
     so.pretouch = 0;
+    if (idle_timeout_ms)
+        so.idle_timeout_ms = idle_timeout_ms;
     CHECK(gdrkv_server_start(&so, &server, err, sizeof err) == 0, "server start: %s", err);
-    CHECK(gdrkv_server_address(server, addr, sizeof addr) == 0, "server address");
+    CHECK(gdrkv_server_address(server, addr, len) == 0, "server address");
+    return server;
+}
+
+/* Polls the server's figure until it is want (5 s at most). */
+static void wait_stat(gdrkv_server *server, const char *name, int64_t want)
+{
+    uint64_t deadline = gk_now_ns() + 5000000000ull;
+    while (server_stat(server, name) != want) {
+        CHECK(gk_now_ns() < deadline, "%s never became %lld", name, (long long)want);
+        usleep(1000);
+    }
+}
+
+/* The server closes idle connections, and forgets the process's reports
+ * with its last: the connection the client opens next tells it again,
+ * though the pins did not change. */
+static void test_a_new_connection_tells_the_server_again(void)
+{
+    char addr[64];
+    gdrkv_server *server = start_server(200, addr, sizeof addr);
+    gdrkv_client *c = open_shm_client(addr);
+    pin(stub_slices(c), 0, 3);
+    call(c);
+    CHECK_EQ(server_stat(server, "client_pinned_bytes"), (int64_t)(3 * SLICE));
+    wait_stat(server, "local_connections_current", 0);
+    CHECK_EQ(server_stat(server, "client_pinned_bytes"), 0);
+    call(c);
+    CHECK_EQ(server_stat(server, "client_pinned_bytes"), (int64_t)(3 * SLICE));
+    gdrkv_client_close(c);
+    gdrkv_server_stop(server);
+}
+
+int main(void)
+{
+    char addr[64];
+    gdrkv_server *server = start_server(0, addr, sizeof addr);
 
     gdrkv_client *a = open_shm_client(addr), *b = open_shm_client(addr);
     struct gpu_slices *sa = stub_slices(a), *sb = stub_slices(b);
@@ -175,15 +213,12 @@ int main(void)
     /* The process's reports go with its last connection. */
     gdrkv_client_close(a);
     gdrkv_client_close(b);
-    uint64_t deadline = gk_now_ns() + 5000000000ull;
-    while (server_stat(server, "client_pinning_processes") != 0) {
-        CHECK(gk_now_ns() < deadline, "reports gone once the process's connections closed");
-        usleep(1000);
-    }
+    wait_stat(server, "client_pinning_processes", 0);
     CHECK_EQ(server_stat(server, "client_pinned_bytes"), 0);
     check_passed++;
     printf("ok the reports go with the process's connections\n");
-
     gdrkv_server_stop(server);
+
+    RUN(test_a_new_connection_tells_the_server_again);
     return check_done("test_client_pins");
 }
