@@ -362,7 +362,7 @@ static int plan_leased(struct client_conn *c, const uint8_t *lists, size_t len,
     const struct client_frame *f = c->frame;
     struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .to_caller = 1,
                             .out = &c->copies, .gpu = gpu, .reach = reach};
-    *reach = (struct gpu_reach){.pool = c->pool};
+    *reach = (struct gpu_reach){.pool = c->pool, .held = c->gpu ? gpu_conn_held(c->gpu) : NULL};
     return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, NULL, b->got,
                               add_listed, &plan);
 }
@@ -401,7 +401,7 @@ static int plan_reserved(struct client_conn *c, const uint8_t *lists, size_t len
     struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .out = &c->copies,
                             .gpu = gpu, .reach = reach};
 
-    *reach = (struct gpu_reach){.pool = c->pool};
+    *reach = (struct gpu_reach){.pool = c->pool, .held = c->gpu ? gpu_conn_held(c->gpu) : NULL};
     c->copies.streamed = 1;
     return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, listed, b->sizes,
                               add_listed, &plan);

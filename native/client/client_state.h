@@ -88,6 +88,7 @@ struct gpu_call;
     FROM(gpu_slices_registered, gk_counter_get(&c->gpu_pins.stats.slices_registered))           \
     FROM(gpu_slices_failed, gk_counter_get(&c->gpu_pins.stats.slices_failed))                   \
     FROM(gpu_slices_over_limit, gk_counter_get(&c->gpu_pins.stats.slices_over_limit))           \
+    FROM(gpu_slices_evicted, gk_counter_get(&c->gpu_pins.stats.slices_evicted))                 \
     FROM(gpu_slice_demands, gk_counter_get(&c->gpu_pins.stats.demands))                         \
     FROM(gpu_register_us, gk_counter_get(&c->gpu_pins.stats.register_us))                       \
     FROM(gpu_register_max_us, gk_counter_get(&c->gpu_pins.stats.register_max_us))

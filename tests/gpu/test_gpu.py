@@ -362,6 +362,37 @@ def test_gpu_pin_limit_bounds_what_is_pinned(torch, server, make_client):
     assert c["gpu_slices_over_limit"] >= 1
 
 
+def test_the_pin_limit_evicts_the_least_recently_used_slices(torch, server_factory,
+                                                              make_client):
+    """gpu_pin_limit of two slices, GETs over seven slices' worth of
+    objects, three rounds: each lands byte-exact, whether its slices were
+    registered, waiting, or being evicted meanwhile, and what stays pinned
+    is within the limit (docs/gpu.md, "What each process pins")."""
+    srv = server_factory(memory="1GiB")
+    limit, size, batch = 128 << 20, 1 << 20, 32
+    client = client_for(make_client, srv, "shm", gpu_pin_limit=limit, conns=2,
+                        gpu_copy="kernel")
+    keys = [f"evict-{i}" for i in range(448)]
+    values = [content(k, size) for k in keys]
+    for first in range(0, len(keys), batch):
+        chunk = slice(first, first + batch)
+        assert batch_put_bytes(client, keys[chunk], values[chunk]) == [0] * batch
+    dest = gpu_buffer(torch, 2 * batch * size)
+    client.register(dest)
+    for round_ in range(3):
+        for first in range(0, len(keys), batch):
+            ptrs = scattered(dest.data_ptr(), size, batch, seed=first + round_)
+            chunk = slice(first, first + batch)
+            assert client.batch_get(keys[chunk], ptrs, [size] * batch) == [size] * batch
+            assert read_gpu(torch, dest, ptrs, size) == values[chunk]
+        slices_settled(client)
+    c = client.stats()["client"]
+    assert c["gpu_slices_evicted"] > 0, c
+    assert 0 < c["gpu_pinned_bytes"] <= limit, c
+    # Frames whose slices were held went by the kernel, at their device addresses.
+    assert c["gpu_kernel_launches"] > 0, c
+
+
 @pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])
 def test_gpu_copy_modes_and_one_launch_per_frame(torch, server, make_client, mode):
     # One connection: the batch is one frame (more would stripe it).
