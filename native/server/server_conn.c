@@ -55,10 +55,6 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     c->serial = ++w->next_serial;
     c->local = local;
     c->peer = *peer;
-    if (local) {
-        c->pid = server_pins_peer_pid(fd);
-        server_pins_join(w->server->pins, c->pid);
-    }
     c->pass_fds[0] = c->pass_fds[1] = -1;
     c->staging.fd = -1;
     c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
@@ -73,6 +69,10 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     if (w->conns)
         w->conns->prev = c;
     w->conns = c;
+    if (local) {    /* server_conn_close leaves */
+        c->pid = server_pins_peer_pid(fd);
+        server_pins_join(w->server->pins, c->pid);
+    }
     return 0;
 }
 
