@@ -675,8 +675,13 @@ int client_shm_pins_request(struct client_conn *c, uint8_t *buf)
 {
     struct client_pool *p = c->pool;
     struct gpu_slices *s = p ? __atomic_load_n(&p->gpu_slices, __ATOMIC_ACQUIRE) : NULL;
-    if (!s || __atomic_load_n(&p->pins_off, __ATOMIC_RELAXED) ||
-        gpu_slices_pinned(s) == __atomic_load_n(&p->pins_told, __ATOMIC_RELAXED))
+    if (!s || __atomic_load_n(&p->pins_off, __ATOMIC_RELAXED))
+        return 0;
+    uint64_t pinned = gpu_slices_pinned(s);
+    uint64_t told = __atomic_load_n(&p->pins_told, __ATOMIC_RELAXED);
+    /* Nothing pinned, on a connection that said nothing yet: nothing to
+     * tell (the next change will be). */
+    if (pinned == told || (pinned == 0 && told == PINS_UNTOLD))
         return 0;
     /* Under the lock each seq goes out with the bytes it was given, so
      * the server keeps the latest whatever order connections deliver them. */
@@ -698,6 +703,10 @@ void client_shm_pins_answered(struct client_conn *c)
     const struct gk_hdr *h = &c->resp;
     if (h->status == 0 || __atomic_exchange_n(&c->pool->pins_off, 1, __ATOMIC_RELAXED))
         return;
+    if (h->status == GDRKV_E_UNSUPPORTED) {     /* a server older than PINS */
+        GK_DEBUG("%s takes no pin reports", c->ep->name);
+        return;
+    }
     GK_WARN("%s refused this process's report of what it pins of the pool (%s): %.*s; "
             "no more reports from this mapping", c->ep->name, gdrkv_strerror(h->status),
             (int)GK_MIN(h->body_len, 200u), (const char *)c->body);
