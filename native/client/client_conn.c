@@ -252,6 +252,34 @@ static void begin_frame(struct client_conn *c)
 
 static int take_hello(struct client_conn *c);
 
+/* A PINS report's answer is in: the frame begins. */
+static int take_pins(struct client_conn *c)
+{
+    if (c->resp.status == GDRKV_E_DENIED) {
+        c->why = DENIED_WHY;
+        return GDRKV_E_DENIED;
+    }
+    client_shm_pins_answered(c);
+    begin_frame(c);
+    return 0;
+}
+
+/* A shm connection's frame may go after a PINS report (client_shm.h). */
+static void report_pins_or_begin(struct client_conn *c)
+{
+    if (!c->pool || !client_shm_pins_request(c, c->pins)) {
+        begin_frame(c);
+        return;
+    }
+    struct gk_hdr h;
+    gk_hdr_decode(c->pins, &h);
+    client_frame_expect(c, GK_OP_PINS, h.req_id, take_pins);
+    c->phase = CLIENT_CONN_SEND;
+    c->why = NULL;
+    c->follow = FOLLOW_NONE;
+    client_iov_init(&c->io, c->pins, sizeof c->pins, c->batch, NULL, 0, 0, NULL);
+}
+
 /* Whether the frame goes by RDMA is only known once RDMA_HELLO (request
  * 1, sent at open) is answered: its answer is read first, then the frame
  * begins. */
@@ -265,7 +293,7 @@ void client_conn_start(struct client_conn *c, struct client_batch *b, struct cli
         return;
     }
     if (!c->hello_pending) {
-        begin_frame(c);
+        report_pins_or_begin(c);
         return;
     }
     client_frame_expect(c, GK_OP_RDMA_HELLO, 1, take_hello);

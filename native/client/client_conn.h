@@ -59,6 +59,9 @@ enum client_conn_follow {
     FOLLOW_SENT                 /* copied: the answer may send the frame back */
 };
 
+/* A PINS request: header and report. */
+#define CLIENT_PINS_REQUEST (GK_HDR_SIZE + GK_PINS_BODY_SIZE)
+
 struct client_exchange;
 struct client_pool;
 struct gpu_conn;
@@ -95,6 +98,7 @@ struct client_conn {
                                    COMMIT, RDMA_HELLO */
     int (*answer)(struct client_conn *c);   /* takes that answer once it is in */
     uint8_t release[GK_HDR_SIZE];   /* the RELEASE request */
+    uint8_t pins[CLIENT_PINS_REQUEST];  /* a PINS report, before a frame (client_shm.h) */
     struct gk_hdr resp;
     int resp_decoded;
     size_t got;                 /* response header + body bytes received */

@@ -35,6 +35,7 @@ struct gpu_conn {
      * call's own pointers are never rewritten. */
     uint64_t *frame_ptrs;
     uint64_t frame_ptrs_cap;
+    struct gpu_held held;   /* the pool slices its shared copies hold */
 };
 
 static struct gpu_conn *conn_get(struct gpu_conn **gc)
@@ -42,6 +43,46 @@ static struct gpu_conn *conn_get(struct gpu_conn **gc)
     if (!*gc)
         *gc = calloc(1, sizeof **gc);
     return *gc;
+}
+
+struct gpu_held *gpu_conn_held(struct gpu_conn *gc)
+{
+    return &gc->held;
+}
+
+/* The slices held for copies that are over (or never launched). */
+static void held_release(struct gpu_held *h)
+{
+    for (uint32_t i = 0; i < h->count; i++)
+        gpu_slices_unhold(h->slices, h->index[i]);
+    h->count = 0;
+}
+
+static int held_add(struct gpu_held *h, struct gpu_slices *s, uint32_t slice)
+{
+    if (h->count && h->slices != s)
+        held_release(h);        /* another mapping's (a restarted server's) */
+    h->slices = s;
+    if (h->count == h->cap) {
+        uint32_t cap = h->cap ? 2 * h->cap : 16;
+        uint32_t *p = realloc(h->index, cap * sizeof *p);
+        if (!p) {
+            gpu_slices_unhold(s, slice);
+            return GDRKV_E_INTERNAL;
+        }
+        h->index = p;
+        h->cap = cap;
+    }
+    h->index[h->count++] = slice;
+    return 0;
+}
+
+/* Whether addr lies in the slice held last: pieces in a row mostly share
+ * one, and need not hold it again. */
+static int held_last(const struct gpu_held *h, const struct gpu_slices *s, uint64_t addr)
+{
+    return h->count && h->slices == s &&
+           h->index[h->count - 1] == (addr - (uint64_t)(uintptr_t)s->base) >> s->slice_shift;
 }
 
 struct gpu_list *gpu_conn_list(struct gpu_conn **gc)
@@ -269,6 +310,7 @@ void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g, int dev)
     if (r->pool) {
         r->base = (uint64_t)(uintptr_t)r->pool->base;
         r->slices = pool_slices(r->pool, dev);
+        r->now_ns = gk_now_ns();
         if (!r->slices)
             r->mode = GPU_MODE_COPY_ENGINE;
         return;
@@ -296,7 +338,13 @@ int gpu_reach_add(struct gpu_reach *r, struct gpu_list *list, int dev, uint64_t 
             uint64_t border = gpu_slices_border(s, host);
             part = GK_MIN(len, border - host);
             list->apart = (off & (s->slice_bytes - 1)) == 0;
-            if (gpu_slices_reach(s, host, part))
+            /* Where slices may be evicted, only a held one is reached. */
+            uint32_t slice;
+            int reached = !gpu_slices_evicts(s) ? gpu_slices_reach(s, host, part)
+                          : r->held && (held_last(r->held, s, host) ||
+                                        (gpu_slices_hold(s, host, r->now_ns, &slice) &&
+                                         held_add(r->held, s, slice) == 0));
+            if (reached)
                 shared = gpu_slices_dptr(s, host);
             else
                 r->mode = GPU_MODE_COPY_ENGINE;
@@ -323,12 +371,17 @@ int gpu_conn_copy_shared(struct gpu_conn *g, struct client_batch *b, int mode,
     if (host->count)
         gk_copy_run(copier, host);
     gpu_list_reset(&g->list);
+    if (rc || !launched)
+        held_release(&g->held);     /* nothing of it runs on the GPU */
     return rc ? rc : launched;
 }
 
 int gpu_conn_copy_done(struct gpu_conn *g)
 {
-    return gpu_slot_poll(&g->slots[0]);
+    int rc = gpu_slot_poll(&g->slots[0]);
+    if (rc)
+        held_release(&g->held);
+    return rc;
 }
 
 int gpu_conn_drain(struct gpu_conn *g)
@@ -337,6 +390,7 @@ int gpu_conn_drain(struct gpu_conn *g)
         return 0;
     int rc0 = gpu_slot_wait(&g->slots[0]);
     int rc1 = gpu_slot_wait(&g->slots[1]);
+    held_release(&g->held);
     return rc0 ? rc0 : rc1;
 }
 
@@ -348,6 +402,8 @@ void gpu_conn_free(struct gpu_conn *g)
         gpu_slot_free(&g->slots[i]);
         gpu_host_free(g->staging[i].buf);
     }
+    held_release(&g->held);
+    free(g->held.index);
     gpu_list_free(&g->list);
     free(g->frame_ptrs);
     free(g);

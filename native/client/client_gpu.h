@@ -69,15 +69,27 @@ struct gpu_list *gpu_conn_list(struct gpu_conn **gc);
  * Staging is registered whole on its first GPU copy (its first 8 MiB);
  * a frame past that goes by the copy engines too. dev: the device of the
  * frame's first GPU piece, whose context registers the pool. */
+/* The pool slices a connection's launch holds (gpu_slices_hold), let go
+ * once it is over: kept only where the pool's slices may be evicted. */
+struct gpu_held {
+    struct gpu_slices *slices;
+    uint32_t *index;
+    uint32_t count, cap;
+};
+
 struct gpu_reach {
     struct client_pool *pool;       /* the mapping: the pool, or else */
+    struct gpu_held *held;          /* pool: where the slices it uses are held */
     struct client_staging *staging; /* ...the connection's staging, for */
     uint64_t frame_bytes;           /* ...a frame of this many bytes */
     int resolved;
     uint64_t base;                  /* host address (pool), or device or host (staging) */
     struct gpu_slices *slices;      /* the pool's, or NULL */
+    uint64_t now_ns;                /* when resolved: the held slices' use */
     int mode;                       /* enum gpu_mode */
 };
+/* The connection's held slices, for a frame's gpu_reach of the pool. */
+struct gpu_held *gpu_conn_held(struct gpu_conn *gc);
 void gpu_reach_resolve(struct gpu_reach *r, const struct gpu_call *g, int dev);
 /* Adds the GPU's copy between caller (a GPU segment's address on device
  * dev) and [off, off + len) of the mapping to list, in the direction

@@ -32,9 +32,14 @@ void client_pool_put(struct client_pool *p)
     if (p && __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         gpu_pool_release(p);
         munmap((void *)p->base, p->map_len);
+        pthread_mutex_destroy(&p->pins_lock);
         free(p);
     }
 }
+
+/* pins_told when the server may not know the pool's pins (no slice pins
+ * that many bytes). */
+#define PINS_UNTOLD UINT64_MAX
 
 /* Receives exactly len bytes; descriptors that come with them land in
  * fds[0] and fds[1] in order (fds[nfds++]); any beyond those are closed. */
@@ -143,6 +148,9 @@ static struct client_pool *map_pool(int fd, const struct stat *st, uint64_t size
         free(p);
         return NULL;
     }
+    static uint64_t mappings;      /* names the process's mappings in PINS */
+    pthread_mutex_init(&p->pins_lock, NULL);
+    p->pins_mapping = __atomic_add_fetch(&mappings, 1, __ATOMIC_RELAXED);
     p->base = base;
     p->size = size;
     p->dev = st->st_dev;
@@ -294,6 +302,9 @@ int client_shm_connect(struct client_endpoint *ep, uint64_t deadline_ns,
     }
     /* Every connection of one server gets staging of one size. */
     __atomic_store_n(&(*pool)->staging_len, staging->len, __ATOMIC_RELAXED);
+    /* The server forgets a process's reports with its last connection
+     * (idle ones close): a new connection's first frame tells it again. */
+    __atomic_store_n(&(*pool)->pins_told, PINS_UNTOLD, __ATOMIC_RELAXED);
     return fd;
 }
 
@@ -351,7 +362,7 @@ static int plan_leased(struct client_conn *c, const uint8_t *lists, size_t len,
     const struct client_frame *f = c->frame;
     struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .to_caller = 1,
                             .out = &c->copies, .gpu = gpu, .reach = reach};
-    *reach = (struct gpu_reach){.pool = c->pool};
+    *reach = (struct gpu_reach){.pool = c->pool, .held = c->gpu ? gpu_conn_held(c->gpu) : NULL};
     return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, NULL, b->got,
                               add_listed, &plan);
 }
@@ -390,7 +401,7 @@ static int plan_reserved(struct client_conn *c, const uint8_t *lists, size_t len
     struct shm_plan plan = {.b = b, .host = (uint8_t *)c->pool->base, .out = &c->copies,
                             .gpu = gpu, .reach = reach};
 
-    *reach = (struct gpu_reach){.pool = c->pool};
+    *reach = (struct gpu_reach){.pool = c->pool, .held = c->gpu ? gpu_conn_held(c->gpu) : NULL};
     c->copies.streamed = 1;
     return client_chunks_walk(lists, len, c->pool->size, b, f->first, f->count, listed, b->sizes,
                               add_listed, &plan);
@@ -658,6 +669,49 @@ static int poll_launch(struct client_conn *c)
 }
 
 /* shm GET: copied out of the mapped pool, then the lease confirmed. */
+/* ------------------------------------------------------------ pin reports */
+
+int client_shm_pins_request(struct client_conn *c, uint8_t *buf)
+{
+    struct client_pool *p = c->pool;
+    struct gpu_slices *s = p ? __atomic_load_n(&p->gpu_slices, __ATOMIC_ACQUIRE) : NULL;
+    if (!s || __atomic_load_n(&p->pins_off, __ATOMIC_RELAXED))
+        return 0;
+    uint64_t pinned = gpu_slices_pinned(s);
+    uint64_t told = __atomic_load_n(&p->pins_told, __ATOMIC_RELAXED);
+    /* Nothing pinned, on a connection that said nothing yet: nothing to
+     * tell (the next change will be). */
+    if (pinned == told || (pinned == 0 && told == PINS_UNTOLD))
+        return 0;
+    /* Under the lock each seq goes out with the bytes it was given, so
+     * the server keeps the latest whatever order connections deliver them. */
+    pthread_mutex_lock(&p->pins_lock);
+    struct gk_pins r = {.mapping = p->pins_mapping, .seq = ++p->pins_seq,
+                        .bytes = gpu_slices_pinned(s)};
+    __atomic_store_n(&p->pins_told, r.bytes, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&p->pins_lock);
+
+    struct gk_hdr h = {.magic = GK_MAGIC, .version = GK_VERSION, .opcode = GK_OP_PINS,
+                       .body_len = GK_PINS_BODY_SIZE, .req_id = c->next_req_id++};
+    gk_hdr_encode(&h, buf);
+    gk_pins_encode(buf + GK_HDR_SIZE, &r);
+    return 1;
+}
+
+void client_shm_pins_answered(struct client_conn *c)
+{
+    const struct gk_hdr *h = &c->resp;
+    if (h->status == 0 || __atomic_exchange_n(&c->pool->pins_off, 1, __ATOMIC_RELAXED))
+        return;
+    if (h->status == GDRKV_E_UNSUPPORTED) {     /* a server older than PINS */
+        GK_DEBUG("%s takes no pin reports", c->ep->name);
+        return;
+    }
+    GK_WARN("%s refused this process's report of what it pins of the pool (%s): %.*s; "
+            "no more reports from this mapping", c->ep->name, gdrkv_strerror(h->status),
+            (int)GK_MIN(h->body_len, 200u), (const char *)c->body);
+}
+
 static const struct client_exchange shm_lease = {
     .request = GK_OP_LEASE, .answer = copy_leased,
     .followup = GK_OP_RELEASE, .followup_answer = client_frame_end_lease,

@@ -47,4 +47,15 @@ void client_shm_stage_followed(struct client_conn *c);
  * and the frame goes again, whole, answered by the same handler. 0. */
 int client_shm_send_again(struct client_conn *c);
 
+/* The server hears what this process pins of its pool (PINS): when the
+ * pool's GPU slices pin other than it last said, the request goes into
+ * buf (CLIENT_PINS_REQUEST bytes) and this returns 1 (the caller sends it
+ * before its frame); else 0.
+ * A report costs one round trip, and the pins change once per slice
+ * registered, so few calls carry one. */
+int client_shm_pins_request(struct client_conn *c, uint8_t *buf);
+/* Its answer is in: a refusal is logged, and the mapping reports no more
+ * (an older server, or one that keeps no more of this process's). */
+void client_shm_pins_answered(struct client_conn *c);
+
 #endif

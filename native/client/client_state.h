@@ -88,6 +88,7 @@ struct gpu_call;
     FROM(gpu_slices_registered, gk_counter_get(&c->gpu_pins.stats.slices_registered))           \
     FROM(gpu_slices_failed, gk_counter_get(&c->gpu_pins.stats.slices_failed))                   \
     FROM(gpu_slices_over_limit, gk_counter_get(&c->gpu_pins.stats.slices_over_limit))           \
+    FROM(gpu_slices_evicted, gk_counter_get(&c->gpu_pins.stats.slices_evicted))                 \
     FROM(gpu_slice_demands, gk_counter_get(&c->gpu_pins.stats.demands))                         \
     FROM(gpu_register_us, gk_counter_get(&c->gpu_pins.stats.register_us))                       \
     FROM(gpu_register_max_us, gk_counter_get(&c->gpu_pins.stats.register_max_us))
@@ -171,6 +172,13 @@ struct client_pool {
     struct gpu_slices *gpu_slices;  /* atomic: made reachable from the GPU in slices,
                                        from its first GPU copy on (client_gpu.c) */
     int gpu_failed;         /* ...or that could not be set up: the copy engines do */
+    /* What the server was told of the slices' pins (PINS, client_shm.c). */
+    pthread_mutex_t pins_lock;  /* orders the reports: each seq goes with its bytes */
+    uint64_t pins_mapping;      /* this mapping's name in them, unique in the process */
+    uint64_t pins_seq;          /* the last report's */
+    uint64_t pins_told;         /* atomic: the bytes it said; reset by each new
+                                   connection, which may be the process's only one */
+    int pins_off;               /* atomic: the server refused one: no more */
 };
 
 /* A connection's staging memfd (HELLO's second fd), mapped writable: its

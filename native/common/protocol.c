@@ -70,6 +70,7 @@ int gk_check_request_hdr(const struct gk_hdr *h)
     case GK_BODY_ENDPOINT: ok = h->count == 0 && h->body_len <= GK_MAX_RDMA_HELLO; break;
     case GK_BODY_VERDICTS: ok = h->body_len == h->count; break;
     case GK_BODY_NONCE: ok = h->count == 0 && h->body_len == GK_AUTH_NONCE_SIZE; break;
+    case GK_BODY_PINS: ok = h->count == 0 && h->body_len == GK_PINS_BODY_SIZE; break;
     /* Each entry needs at least its fixed part and one key byte. */
     case GK_BODY_NS:
     case GK_BODY_KEYS:
@@ -158,6 +159,25 @@ void gk_result_decode(const uint8_t in[GK_RESULT_SIZE], struct gk_result *r)
 {
     r->status = (int32_t)gk_load32(in);
     r->size = gk_load64(in + 8);
+}
+
+/* ------------------------------------------------------------ pin reports */
+
+void gk_pins_encode(uint8_t out[GK_PINS_BODY_SIZE], const struct gk_pins *p)
+{
+    gk_store64(out, p->mapping);
+    gk_store64(out + 8, p->seq);
+    gk_store64(out + 16, p->bytes);
+}
+
+int gk_pins_decode(const uint8_t *in, size_t len, struct gk_pins *p)
+{
+    if (len != GK_PINS_BODY_SIZE)
+        return GDRKV_E_PROTOCOL;
+    p->mapping = gk_load64(in);
+    p->seq = gk_load64(in + 8);
+    p->bytes = gk_load64(in + 16);
+    return p->mapping && p->seq ? 0 : GDRKV_E_PROTOCOL;
 }
 
 /* ------------------------------------------------------------ chunk lists */

@@ -83,6 +83,16 @@
  *            is one result per key, or frame status TIMEOUT when the
  *            reservations had expired.
  *
+ *   PINS:    body = u64 mapping | u64 seq | u64 bytes: what the sending
+ *            process pins now (registered with CUDA) of its mapping
+ *            `mapping` (nonzero, the client's name for one mapping of the
+ *            pool) of this server's pool; seq (nonzero) rises with each
+ *            report of that mapping, so a report overtaken by a later one
+ *            changes nothing. bytes at most the pool's; 0 ends the
+ *            mapping's report. Empty answer. The server keeps the reports
+ *            per client process (its unix peer's pid) for its stats, and
+ *            trusts them for nothing else (docs/gpu.md).
+ *
  *   authentication (a server with a token; docs/protocol.md): until a
  *   connection has done this, the server answers nothing else.
  *   AUTH:    body = the client's 32-byte nonce; the answer's body is the
@@ -129,6 +139,7 @@
 #define GK_PUT_STAGED_FOLLOW 1          /* PUT_STAGED flag: follow the staged word (request);
                                            stopped, send it again without (response) */
 #define GK_RELEASE_UNANSWERED 1         /* RELEASE request flag: send no answer */
+#define GK_PINS_BODY_SIZE 24            /* PINS: u64 mapping | u64 seq | u64 bytes */
 
 /* Every op, one line each: the only place an op's properties are stated
  * (Redis's commands.def; LAYOUT.md example 11). The enum, the names, the
@@ -161,7 +172,8 @@
     X(RESERVE,    12, reserve,     KEYS,     PER_KEY, 1,    0, 0,  1,    0,    WRITER)    \
     X(COMMIT,     13, commit,      VERDICTS, PER_KEY, 1,    0, 0,  0,    0,    COMMITTER) \
     X(AUTH,       14, auth,        NONCE,    NONE,    1,    0, 0,  1,    0,    ANY)       \
-    X(PUT_STAGED, 15, put_staged,  KEYS,     PER_KEY, 1,    0, 0,  0,    0,    LOCAL)
+    X(PUT_STAGED, 15, put_staged,  KEYS,     PER_KEY, 1,    0, 0,  0,    0,    LOCAL)     \
+    X(PINS,       16, pins,        PINS,     NONE,    1,    0, 0,  0,    0,    LOCAL)
 
 /* A request's control body. */
 enum gk_body {
@@ -170,7 +182,8 @@ enum gk_body {
     GK_BODY_NS,             /* namespace + no entries, count 0 */
     GK_BODY_ENDPOINT,       /* the client's rdma endpoint, count 0 */
     GK_BODY_VERDICTS,       /* count bytes, 1 to commit a key, 0 to abort it */
-    GK_BODY_NONCE           /* a 32-byte nonce or proof, count 0 */
+    GK_BODY_NONCE,          /* a 32-byte nonce or proof, count 0 */
+    GK_BODY_PINS            /* a pin report (struct gk_pins), count 0 */
 };
 
 /* The results of a success answer. */
@@ -309,6 +322,19 @@ uint64_t gk_encode_request_body(uint8_t *out, const struct gk_ns *ns, uint32_t n
 
 void gk_result_encode(uint8_t out[GK_RESULT_SIZE], int32_t status, uint64_t size);
 void gk_result_decode(const uint8_t in[GK_RESULT_SIZE], struct gk_result *r);
+
+/* PINS's body (protocol.h, top). */
+struct gk_pins {
+    uint64_t mapping;       /* nonzero */
+    uint64_t seq;           /* nonzero, rising per mapping */
+    uint64_t bytes;
+};
+
+void gk_pins_encode(uint8_t out[GK_PINS_BODY_SIZE], const struct gk_pins *p);
+/* Reads a PINS body of len bytes: 0, or GDRKV_E_PROTOCOL when its length
+ * is not GK_PINS_BODY_SIZE or mapping or seq is 0. (Whether bytes fits the
+ * pool is the server's to check: it alone knows the pool.) */
+int gk_pins_decode(const uint8_t *in, size_t len, struct gk_pins *p);
 
 /* ------------------------------------------------------------ chunk lists
  *

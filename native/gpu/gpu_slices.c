@@ -1,12 +1,19 @@
 /*
  * gpu_slices.c - see gpu_slices.h.
  *
- * A slice's state only moves forward: UNREGISTERED -> QUEUED (the first
- * demand, or the thread taking it ahead; a compare-and-swap decides which)
- * -> READY, FAILED or OVER_LIMIT, set by the thread alone. READY is
- * published with release order after dptr, so a reader that loads READY
- * with acquire order sees the dptr. Nothing goes back before
+ * A slice's state moves UNREGISTERED -> QUEUED (the first demand, or the
+ * thread taking it ahead; a compare-and-swap decides which) -> READY,
+ * FAILED or OVER_LIMIT, set by the thread alone. READY is published with
+ * release order after dptr, so a reader that loads READY with acquire
+ * order sees the dptr. Without eviction nothing goes back before
  * gpu_slices_destroy, so a reader never races an unregistration.
+ *
+ * With eviction (a pin limit below the mapping), READY -> EVICTING ->
+ * UNREGISTERED, by the thread, for a slice nobody holds. A holder raises
+ * users, then checks the state is READY; the thread sets EVICTING, then
+ * checks users is 0, and else puts READY back. Both sequentially
+ * consistent, so one of the two always sees the other: no slice is
+ * unregistered under a holder (Dekker's handshake).
  */
 #include "gpu_slices.h"
 
@@ -75,13 +82,56 @@ static void add_stat(uint64_t *counter, uint64_t n)
     __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
 }
 
-/* Registers slice i, which the caller claimed (QUEUED), within the limit. */
+/* Unregisters the least recently used registered slice nobody holds, to
+ * make room under the limit: 1, or 0 when every registered slice is held. */
+static int evict_one(struct gpu_slices *s)
+{
+    for (;;) {
+        int64_t victim = -1;
+        uint64_t oldest = UINT64_MAX;
+        for (uint32_t i = 0; i < s->count; i++) {
+            uint64_t used = __atomic_load_n(&s->slices[i].last_used, __ATOMIC_RELAXED);
+            if (slice_state(s, i) == GPU_SLICE_READY && used < oldest &&
+                !__atomic_load_n(&s->slices[i].users, __ATOMIC_SEQ_CST)) {
+                victim = i;
+                oldest = used;
+            }
+        }
+        if (victim < 0)
+            return 0;
+        struct gpu_slice *v = &s->slices[victim];
+        __atomic_store_n(&v->state, GPU_SLICE_EVICTING, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&v->users, __ATOMIC_SEQ_CST)) {
+            __atomic_store_n(&v->state, GPU_SLICE_READY, __ATOMIC_SEQ_CST);
+            continue;           /* held meanwhile: the next oldest */
+        }
+        s->ops.unreg(s->ops.ctx, s->base + ((uint64_t)victim << s->slice_shift));
+        __atomic_fetch_sub(&s->pinned, slice_len(s, (uint32_t)victim), __ATOMIC_RELAXED);
+        __atomic_fetch_sub(&s->stats->pinned_bytes, slice_len(s, (uint32_t)victim),
+                           __ATOMIC_RELAXED);
+        add_stat(&s->stats->slices_evicted, 1);
+        set_state(s, (uint32_t)victim, GPU_SLICE_UNREGISTERED);
+        return 1;
+    }
+}
+
+/* Registers slice i, which the caller claimed (QUEUED), within the limit:
+ * evicting others for it where they may go. */
 static void register_slice(struct gpu_slices *s, uint32_t i)
 {
     uint64_t len = slice_len(s, i);
-    if (s->pinned + len > s->pin_limit) {
+    if (len > s->pin_limit) {
         add_stat(&s->stats->slices_over_limit, 1);
         set_state(s, i, GPU_SLICE_OVER_LIMIT);
+        return;
+    }
+    while (s->pinned + len > s->pin_limit && gpu_slices_evicts(s) && evict_one(s))
+        ;
+    if (s->pinned + len > s->pin_limit) {
+        /* Every registered slice is held (or nothing may be evicted): the
+         * next copy to need this one asks again. */
+        add_stat(&s->stats->slices_over_limit, 1);
+        set_state(s, i, gpu_slices_evicts(s) ? GPU_SLICE_UNREGISTERED : GPU_SLICE_OVER_LIMIT);
         return;
     }
     uint64_t dptr = 0, t0 = gk_now_ns();
@@ -99,7 +149,8 @@ static void register_slice(struct gpu_slices *s, uint32_t i)
         return;
     }
     s->slices[i].dptr = dptr;
-    s->pinned += len;
+    __atomic_store_n(&s->slices[i].last_used, gk_now_ns(), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->pinned, len, __ATOMIC_RELAXED);
     add_stat(&s->stats->pinned_bytes, len);
     add_stat(&s->stats->slices_registered, 1);
     set_state(s, i, GPU_SLICE_READY);
@@ -252,6 +303,43 @@ int gpu_slices_reach(struct gpu_slices *s, uint64_t addr, uint64_t len)
             demand(s, i);
     }
     return ready;
+}
+
+int gpu_slices_evicts(const struct gpu_slices *s)
+{
+    return s->pin_limit < s->len;
+}
+
+int gpu_slices_hold(struct gpu_slices *s, uint64_t addr, uint64_t now_ns, uint32_t *slice)
+{
+    if (!gpu_slices_within(s, addr))
+        return 0;
+    uint32_t i = (uint32_t)((addr - (uint64_t)(uintptr_t)s->base) >> s->slice_shift);
+    struct gpu_slice *sl = &s->slices[i];
+    uint8_t state = slice_state(s, i);
+    if (state == GPU_SLICE_READY) {
+        __atomic_fetch_add(&sl->users, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) == GPU_SLICE_READY) {
+            __atomic_store_n(&sl->last_used, now_ns, __ATOMIC_RELAXED);
+            *slice = i;
+            return 1;
+        }
+        __atomic_fetch_sub(&sl->users, 1, __ATOMIC_SEQ_CST);
+        state = slice_state(s, i);
+    }
+    if (state == GPU_SLICE_UNREGISTERED)
+        demand(s, i);
+    return 0;
+}
+
+void gpu_slices_unhold(struct gpu_slices *s, uint32_t slice)
+{
+    __atomic_fetch_sub(&s->slices[slice].users, 1, __ATOMIC_SEQ_CST);
+}
+
+uint64_t gpu_slices_pinned(const struct gpu_slices *s)
+{
+    return __atomic_load_n(&s->pinned, __ATOMIC_RELAXED);
 }
 
 uint64_t gpu_slices_dptr(const struct gpu_slices *s, uint64_t addr)

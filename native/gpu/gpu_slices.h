@@ -21,6 +21,13 @@
  * Thread safety: gpu_slices_reach and the counters may be called from any
  * thread, lock-free once a slice is registered; only the first demand of
  * a slice takes the queue's lock.
+ *
+ * Under a pin limit smaller than the mapping, a slice that would pass it
+ * evicts (unregisters) the least recently used registered slices that no
+ * copy holds. Copies then hold the slices they use (gpu_slices_hold) until
+ * the GPU is done with them (gpu_slices_unhold): a held slice is never
+ * unregistered. Without such a limit nothing is evicted and nothing need
+ * be held (gpu_slices_evicts).
  */
 #ifndef GDRKV_GPU_SLICES_H
 #define GDRKV_GPU_SLICES_H
@@ -53,7 +60,8 @@ enum gpu_slice_state {
     GPU_SLICE_QUEUED,           /* demanded, the thread will register it */
     GPU_SLICE_READY,            /* registered: dptr holds where the GPU reaches it */
     GPU_SLICE_FAILED,           /* CUDA refused it: copies take the other way */
-    GPU_SLICE_OVER_LIMIT        /* pinning it would pass the limit: likewise */
+    GPU_SLICE_OVER_LIMIT,       /* larger than the limit itself: likewise */
+    GPU_SLICE_EVICTING          /* the thread is taking it back: not to be held */
 };
 
 /* What slices cost and did, for the client's counters: kept by the
@@ -63,7 +71,9 @@ struct gpu_slices_stats {
     uint64_t pinned_bytes;      /* registered now (destroy takes its slices off) */
     uint64_t slices_registered;
     uint64_t slices_failed;
-    uint64_t slices_over_limit;
+    uint64_t slices_over_limit; /* registrations the limit kept out (retried on demand
+                                   when only held slices stood in the way) */
+    uint64_t slices_evicted;    /* unregistered to make room under the limit */
     uint64_t demands;           /* slices a copy asked for before they were ready */
     uint64_t register_us;       /* time spent registering, all slices */
     uint64_t register_max_us;   /* the longest one */
@@ -71,6 +81,8 @@ struct gpu_slices_stats {
 
 struct gpu_slice {
     uint8_t state;              /* enum gpu_slice_state, atomic */
+    uint32_t users;             /* atomic: copies holding it (gpu_slices_hold) */
+    uint64_t last_used;         /* atomic: when a copy last held it (ns) */
     uint64_t dptr;              /* READY: the GPU's address of the slice's first byte */
 };
 
@@ -82,7 +94,8 @@ struct gpu_slices {
     uint32_t count;
     int readonly;
     uint64_t pin_limit;         /* most bytes pinned at once */
-    uint64_t pinned;            /* bytes registered now: the thread's alone */
+    uint64_t pinned;            /* bytes registered now: the thread writes it, anyone
+                                   reads it (gpu_slices_pinned) */
     uint64_t ahead_limit;       /* registered ahead of demand, at most */
     struct gpu_slices_ops ops;
     struct gpu_slice *slices;
@@ -116,6 +129,18 @@ void gpu_slices_destroy(struct gpu_slices *s);
 /* Whether every slice that [addr, addr + len) touches is registered; if
  * not, the ones that were never asked for are queued. Never waits. */
 int gpu_slices_reach(struct gpu_slices *s, uint64_t addr, uint64_t len);
+/* Bytes of the mapping registered now (the PINS report, client_shm.c). */
+uint64_t gpu_slices_pinned(const struct gpu_slices *s);
+/* Whether registering may evict slices (a pin limit below the mapping's
+ * size): then copies must hold what they use. */
+int gpu_slices_evicts(const struct gpu_slices *s);
+/* gpu_slices_reach for the one slice holding addr, which is then held,
+ * stamped now_ns, until gpu_slices_unhold: 1 (held; its index in *slice),
+ * or 0 (not registered: demanded, as gpu_slices_reach does). Never waits. */
+int gpu_slices_hold(struct gpu_slices *s, uint64_t addr, uint64_t now_ns, uint32_t *slice);
+/* Lets go of a slice gpu_slices_hold held, once the GPU is done with it. */
+void gpu_slices_unhold(struct gpu_slices *s, uint32_t slice);
+
 /* The GPU's address of addr, which gpu_slices_reach found registered. */
 uint64_t gpu_slices_dptr(const struct gpu_slices *s, uint64_t addr);
 /* The first slice border after addr (addr inside the mapping). */

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -162,6 +163,7 @@ static void server_free(struct gdrkv_server *s)
     if (s->store)
         store_close(s->store);
     server_peers_free(s->peers);
+    server_pins_free(s->pins);
     free(s);
 }
 
@@ -200,6 +202,17 @@ static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err,
     s->busy_poll_ns = server_busy_poll_ns(opts->busy_poll_us);
     s->started_ns = gk_now_ns();
     return s;
+}
+
+/* The pool's file as clients map it (past the capacity where pages round
+ * it up): what one mapping of it may pin at most. */
+static uint64_t pool_file_bytes(struct gdrkv_server *s)
+{
+    struct stat st;
+    uint64_t capacity = store_capacity(s->store);
+    return fstat(store_pool_fd(s->store), &st) == 0 && (uint64_t)st.st_size > capacity
+               ? (uint64_t)st.st_size
+               : capacity;
 }
 
 static int load_token(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
@@ -256,6 +269,10 @@ static int open_store(struct gdrkv_server *s, const gdrkv_server_opts *opts, cha
     if (rc == 0 && (rc = store_open(&s->store, &so, err, errlen)) != 0)
         s->store = NULL;
     free(disk_list);
+    if (rc == 0 && !(s->pins = server_pins_new(opts->max_connections, pool_file_bytes(s)))) {
+        snprintf(err, errlen, "out of memory");
+        rc = GDRKV_E_INTERNAL;
+    }
     if (rc == 0 && server_disk_start(s) != 0) {
         snprintf(err, errlen, "cannot start the disk threads");
         rc = GDRKV_E_INTERNAL;

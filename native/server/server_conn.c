@@ -69,6 +69,10 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     if (w->conns)
         w->conns->prev = c;
     w->conns = c;
+    if (local) {    /* server_conn_close leaves */
+        c->pid = server_pins_peer_pid(fd);
+        server_pins_join(w->server->pins, c->pid);
+    }
     return 0;
 }
 
@@ -90,6 +94,8 @@ void server_conn_close(struct server_conn *c)
         c->next->prev = c->prev;
     /* Gives back the slots the worker took for this connection at accept. */
     server_conn_slot_give(w->server, c->local, &c->peer);
+    if (c->local)
+        server_pins_leave(w->server->pins, c->pid);
     __atomic_fetch_sub(&w->server->buffered_bytes, c->body_cap, __ATOMIC_RELAXED);
     free(c->body);
     free(c->out);

@@ -472,6 +472,21 @@ static int op_auth(struct server_conn *c)
     return server_reply_status(c, 0);
 }
 
+/* ------------------------------------------------------------ pin reports */
+
+/* PINS: what the peer process pins of the pool, for the stats alone. */
+static int op_pins(struct server_conn *c)
+{
+    struct gk_pins r;
+    const char *why = "malformed pin report";
+    int rc = gk_pins_decode(c->body, c->req.body_len, &r);
+    if (!rc)
+        rc = server_pins_report(c->worker->server->pins, c->pid, &r, &why);
+    if (rc)
+        return server_reply_error(c, rc, why, strlen(why));
+    return server_reply_status(c, 0);
+}
+
 /* ------------------------------------------------------------ dispatch */
 
 /* The dispatch table: op_<name> for every line of GK_OPS, so an op added

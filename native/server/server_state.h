@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/auth.h"
 #include "common/copy.h"
@@ -34,6 +35,7 @@
 #include "common/stats.h"
 #include "server_payload.h"
 #include "server_peers.h"
+#include "server_pins.h"
 #include "server_staging.h"
 
 struct disk_frame;
@@ -156,6 +158,7 @@ struct gdrkv_server {
     uint32_t connections;           /* open tcp connections over all workers (atomic) */
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
+    struct server_pins *pins;       /* what local client processes pin of the pool */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
@@ -257,6 +260,7 @@ struct server_conn {
     uint32_t events;                /* epoll interest registered now */
     int local;                      /* on the unix socket: shm allowed */
     struct server_peer peer;        /* tcp: whose per-peer slot it holds */
+    pid_t pid;                      /* local: the peer process (server_pins.h) */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     int runnable;                   /* stopped at the step bound with work left */

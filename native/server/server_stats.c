@@ -59,6 +59,11 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
                 __atomic_load_n(&s->local_connections, __ATOMIC_RELAXED));
     gk_text_u64(t, "buffered_bytes", __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
+    struct server_pins_totals pins;
+    server_pins_totals(s->pins, &pins);
+    gk_text_u64(t, "client_pinned_bytes", pins.bytes);
+    gk_text_u64(t, "client_pinned_max_process_bytes", pins.max_process_bytes);
+    gk_text_u64(t, "client_pinning_processes", pins.processes);
     SERVER_COUNTERS(COUNTER_LINE)
     server_rdma_stats(s, t);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {

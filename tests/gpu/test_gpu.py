@@ -17,7 +17,7 @@ from gdrkv.errors import E_INVALID, E_NOT_FOUND
 from support.content import batch_put_bytes, content
 from support.gpu import GPU_OK, GPU_WHY, TRANSPORTS
 from support.softverbs import SOFTVERBS
-from support.util import background, stat, unique
+from support.util import background, stat, unique, wait_for
 
 pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"no GPU present: {GPU_WHY}")
 
@@ -330,6 +330,24 @@ def test_first_gpu_get_registers_nothing(torch, server, make_client):
                      "gpu_slice_demands": 0}
 
 
+def test_the_server_shows_what_client_processes_pin(torch, server_factory, make_client):
+    """`gdrkv stat`'s client pins (PINS, docs/gpu.md): once a client's
+    slices are registered, its next call tells the server, whose figures
+    are then the client's own; they go when the client does."""
+    srv = server_factory(memory="1GiB")
+    client = client_for(make_client, srv, "shm", gpu_copy="kernel", conns=1)
+    get_pages_into_gpu(torch, client, "told", seed=5, warm=False)
+    pinned = slices_settled(client)["gpu_pinned_bytes"]
+    assert pinned > 0
+    assert client.batch_exists(["told-0"]) == [True]      # the call that carries the report
+    s = srv.stats()
+    assert (stat(s, "client_pinned_bytes"), stat(s, "client_pinned_max_process_bytes"),
+            stat(s, "client_pinning_processes")) == (pinned, pinned, 1)
+    client.close()
+    wait_for(lambda: stat(srv.stats(), "client_pinning_processes") == 0, 10,
+             "the report to go with the client's connections")
+
+
 def test_gpu_pin_limit_bounds_what_is_pinned(torch, server, make_client):
     """gpu_pin_limit below one slice: nothing of the pool is ever pinned,
     and every GET into GPU memory still lands byte-exact, by the copy
@@ -342,6 +360,37 @@ def test_gpu_pin_limit_bounds_what_is_pinned(torch, server, make_client):
     c = slices_settled(client)
     assert c["gpu_pinned_bytes"] == 0 and c["gpu_slices_registered"] == 0
     assert c["gpu_slices_over_limit"] >= 1
+
+
+def test_the_pin_limit_evicts_the_least_recently_used_slices(torch, server_factory,
+                                                              make_client):
+    """gpu_pin_limit of two slices, GETs over seven slices' worth of
+    objects, three rounds: each lands byte-exact, whether its slices were
+    registered, waiting, or being evicted meanwhile, and what stays pinned
+    is within the limit (docs/gpu.md, "What each process pins")."""
+    srv = server_factory(memory="1GiB")
+    limit, size, batch = 128 << 20, 1 << 20, 32
+    client = client_for(make_client, srv, "shm", gpu_pin_limit=limit, conns=2,
+                        gpu_copy="kernel")
+    keys = [f"evict-{i}" for i in range(448)]
+    values = [content(k, size) for k in keys]
+    for first in range(0, len(keys), batch):
+        chunk = slice(first, first + batch)
+        assert batch_put_bytes(client, keys[chunk], values[chunk]) == [0] * batch
+    dest = gpu_buffer(torch, 2 * batch * size)
+    client.register(dest)
+    for round_ in range(3):
+        for first in range(0, len(keys), batch):
+            ptrs = scattered(dest.data_ptr(), size, batch, seed=first + round_)
+            chunk = slice(first, first + batch)
+            assert client.batch_get(keys[chunk], ptrs, [size] * batch) == [size] * batch
+            assert read_gpu(torch, dest, ptrs, size) == values[chunk]
+        slices_settled(client)
+    c = client.stats()["client"]
+    assert c["gpu_slices_evicted"] > 0, c
+    assert 0 < c["gpu_pinned_bytes"] <= limit, c
+    # Frames whose slices were held went by the kernel, at their device addresses.
+    assert c["gpu_kernel_launches"] > 0, c
 
 
 @pytest.mark.parametrize("mode", ["kernel", "copy_engine", "auto"])

@@ -172,7 +172,7 @@ static size_t add_frame(uint8_t *buf, size_t len, size_t cap)
     static const uint8_t ops[] = {GK_OP_PING, GK_OP_EXISTS, GK_OP_GET, GK_OP_PUT,
                                   GK_OP_DELETE, GK_OP_STATS, GK_OP_CLEAR, GK_OP_HELLO,
                                   GK_OP_LEASE, GK_OP_RELEASE, GK_OP_RESERVE, GK_OP_COMMIT,
-                                  GK_OP_AUTH};
+                                  GK_OP_AUTH, GK_OP_PINS};
     uint8_t op = ops[rnd() % GK_ARRAY_LEN(ops)];
     uint32_t n = gk_op_is_keyed(op) && op != GK_OP_CLEAR ? 1 + (uint32_t)(rnd() % 4) : 0;
     uint8_t keys[4 * 2];            /* "k0".."k7", concatenated */
@@ -189,6 +189,7 @@ static size_t add_frame(uint8_t *buf, size_t len, size_t cap)
     uint32_t body = gk_op_is_keyed(op) ? (uint32_t)gk_request_body_size(ns.len, n, kl)
                     : op == GK_OP_COMMIT ? (uint32_t)(rnd() % 4)
                     : op == GK_OP_AUTH   ? GK_AUTH_NONCE_SIZE
+                    : op == GK_OP_PINS   ? GK_PINS_BODY_SIZE
                                          : 0;
     if (len + GK_HDR_SIZE + body + payload > cap)
         return len;
@@ -197,11 +198,16 @@ static size_t add_frame(uint8_t *buf, size_t len, size_t cap)
                        .payload_len = payload, .req_id = rnd()};
     gk_hdr_encode(&h, buf + len);
     uint8_t *p = buf + len + GK_HDR_SIZE;
-    if (gk_op_is_keyed(op))
+    if (gk_op_is_keyed(op)) {
         gk_encode_request_body(p, &ns, n, keys, kl, sizes);
-    else
+    } else if (op == GK_OP_PINS) {
+        /* A few mappings, seqs and byte counts, some past the pool. */
+        struct gk_pins r = {1 + rnd() % 12, rnd() % 4, (rnd() % 3) << (20 + rnd() % 20)};
+        gk_pins_encode(p, &r);
+    } else {
         for (uint32_t i = 0; i < body; i++)
             p[i] = (uint8_t)(rnd() % 2);
+    }
     for (uint64_t i = 0; i < payload; i++)
         p[body + i] = (uint8_t)rnd();
     return len + GK_HDR_SIZE + body + payload;

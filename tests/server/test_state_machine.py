@@ -274,7 +274,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ invalid ops
 
-    @rule(c=CONN, opcode=st.sampled_from([0, 16, 99, 127]), body=st.binary(max_size=64))
+    @rule(c=CONN, opcode=st.sampled_from([0, wire.OP_PINS + 1, 99, 127]),
+          body=st.binary(max_size=64))
     def unknown_opcode(self, c, opcode, body):
         c = self.pick(c)
         if c.closed:

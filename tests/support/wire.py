@@ -40,6 +40,7 @@ OP_RESERVE = 12
 OP_COMMIT = 13
 OP_AUTH = 14        # before anything else, on a server with a token
 OP_PUT_STAGED = 15  # shm: values in the connection's staging memfd
+OP_PINS = 16        # shm: what the client process pins of the pool (a report)
 HELLO_WRITABLE = 1  # HELLO answer flag: single-tenant server
 HELLO_LEASE_WORD = 2  # HELLO answer flag: staging ends in the lease word
 HELLO_STAGED_WORD = 4  # HELLO answer flag: ... whose room holds the staged word
@@ -126,6 +127,16 @@ def auth_proof(token, role, client_nonce, server_nonce):
     computed here with Python's hmac: an implementation apart from the C one."""
     label = b"gdrkv-auth-1 " + role.encode()
     return hmac.new(token, label + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+_PINS = struct.Struct("<QQQ")
+
+
+def pins_request(mapping, seq, nbytes, req_id=1):
+    """A PINS report: the process pins nbytes of the pool through its
+    mapping `mapping`, report number seq of that mapping."""
+    body = _PINS.pack(mapping, seq, nbytes)
+    return Header(opcode=OP_PINS, body_len=len(body), req_id=req_id).pack() + body
 
 
 def encode_results(results):

@@ -14,10 +14,19 @@ same 24,000 segments between pinned host memory and the KV tensors
 (gdrkv.gpu.copy), each way. Interference: a memory-bound kernel (the decode
 stand-in of bench --gpu) alone and while loads stream over shm.
 
+First calls: a fresh process (a new engine rank) sets up its KV tensors
+and client, then saves the prompt and loads it back, timing its first save
+and load apart from its second: against a pool of --pool-size, the first
+pay for whatever of the pool the process must make reachable from the GPU
+(docs/gpu.md, "What each process pins").
+
 Needs torch.
 """
+import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -49,22 +58,13 @@ def run(args):
     from gdrkv.adapters.vllm.kv_layout import KVLayout
     from gdrkv.adapters.vllm.mover import KVMover
 
-    num_blocks = 2 * PROMPT_BLOCKS + 100
-    # LBNHC: each block is (tokens, heads, K|V) in memory, seen as (heads, tokens, K|V).
-    kv = {f"model.layers.{i}.self_attn.attn":
-          torch.empty(num_blocks, BLOCK, HEADS, 2 * HEAD, dtype=torch.bfloat16,
-                      device="cuda").permute(0, 2, 1, 3) for i in range(LAYERS)}
-    for t in kv.values():
-        t.view(torch.int16).random_(-30000, 30000)
-    torch.cuda.synchronize()
-    layout = KVLayout(kv, num_blocks)
-    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
-    saved, loaded = order[:PROMPT_BLOCKS], order[PROMPT_BLOCKS:2 * PROMPT_BLOCKS]
+    layout, saved, loaded = _kv_tensors(torch, KVLayout)
     nbytes = PROMPT_BLOCKS * layout.segment_bytes * LAYERS
     report = {"gpu": torch.cuda.get_device_name(0), "driver": why, "bytes": nbytes,
               "pool_size": args.pool_size,
               "blocks": PROMPT_BLOCKS, "segment_bytes": layout.segment_bytes,
-              "ceilings": _ceilings(torch, layout, saved, nbytes), "connector": []}
+              "ceilings": _ceilings(torch, layout, saved, nbytes), "connector": [],
+              "first_calls": []}
     print(f"# {report['gpu']} ({why}); {PROMPT_BLOCKS} blocks, {format_size(nbytes)}",
           flush=True)
     transports = [t for t in args.gpu_transports.split(",") if t]
@@ -73,6 +73,7 @@ def run(args):
         # shm-single-tenant: shm to a server of its own started --single-tenant.
         flags = ["--single-tenant"] if transport.endswith(SINGLE_TENANT) else []
         with harness.server(server_args, flags, pretouch=True, memory=args.pool_size) as url:
+            report["first_calls"].append(_first_calls(url, transport, args.conns))
             for per_key in BLOCKS_PER_KEY:
                 report["connector"].append(_save_load(torch, KVMover, url, transport, layout,
                                                       saved, loaded, per_key, args.conns))
@@ -80,10 +81,94 @@ def run(args):
                 report["interference"] = _interference(torch, KVMover, url, layout, saved,
                                                        loaded, args.conns)
     print(_table(report), flush=True)
+    print(_first_calls_table(report["first_calls"]), flush=True)
     if "interference" in report:
         print(_interference_table(report["interference"]), flush=True)
     harness.write_json(args.json, report)
     return 0
+
+
+def _kv_tensors(torch, layout_class):
+    """The KV tensors, filled, and the blocks a prompt is saved from and
+    loaded into (the same in every process: a fixed seed)."""
+    num_blocks = 2 * PROMPT_BLOCKS + 100
+    # LBNHC: each block is (tokens, heads, K|V) in memory, seen as (heads, tokens, K|V).
+    kv = {f"model.layers.{i}.self_attn.attn":
+          torch.empty(num_blocks, BLOCK, HEADS, 2 * HEAD, dtype=torch.bfloat16,
+                      device="cuda").permute(0, 2, 1, 3) for i in range(LAYERS)}
+    for t in kv.values():
+        t.view(torch.int16).random_(-30000, 30000)
+    torch.cuda.synchronize()
+    layout = layout_class(kv, num_blocks)
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
+    return layout, order[:PROMPT_BLOCKS], order[PROMPT_BLOCKS:2 * PROMPT_BLOCKS]
+
+
+FIRST_CALL_BLOCKS_PER_KEY = 16
+FIRST_CALL_TIMEOUT_S = 300
+
+
+def _first_calls(url, transport, conns):
+    """A fresh process's first save and load of the prompt, then its
+    second (python -m gdrkv.bench.vllm, below)."""
+    proc = subprocess.run([sys.executable, "-m", "gdrkv.bench.vllm", url, transport,
+                           str(conns or 0)], capture_output=True, text=True,
+                          timeout=FIRST_CALL_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the fresh process failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fresh_process(url, transport, conns):
+    """What a new rank does first: its tensors, its client and mover, then
+    save and load twice, each timed. Prints one JSON line."""
+    import torch
+    from gdrkv.adapters.vllm.kv_layout import KVLayout
+    from gdrkv.adapters.vllm.mover import KVMover
+
+    layout, saved, loaded = _kv_tensors(torch, KVLayout)
+    ns = f"bench-vllm-first-{os.getpid()}"
+    options = {"conns": conns} if conns else {}
+    row = {"transport": transport, "blocks_per_key": FIRST_CALL_BLOCKS_PER_KEY}
+    with Client(url, transport=transport.removesuffix(SINGLE_TENANT), namespace=ns,
+                timeout_ms=30000, **options) as client:
+        mover = KVMover(client, layout)
+        try:
+            groups_saved = _chunks(saved, FIRST_CALL_BLOCKS_PER_KEY)
+            groups_loaded = _chunks(loaded, FIRST_CALL_BLOCKS_PER_KEY)
+            for r in (1, 2):
+                keys = [f"r{r}-{i}" for i in range(len(groups_saved))]
+                start = time.perf_counter()
+                mover.save(f"s{r}", keys, groups_saved)
+                if not mover.wait_saves([f"s{r}"], 60):
+                    raise RuntimeError("save did not finish")
+                middle = time.perf_counter()
+                mover.load(f"l{r}", keys, groups_loaded)
+                _wait_loaded(mover, f"l{r}")
+                end = time.perf_counter()
+                row[f"save{r}_ms"] = 1e3 * (middle - start)
+                row[f"load{r}_ms"] = 1e3 * (end - middle)
+                row["byte_exact"] = row.get("byte_exact", True) and \
+                    _same_blocks(torch, layout, saved, loaded)
+                # As the steady rounds do: the next round's objects take the
+                # same room of the pool, so its copies find their slices.
+                client.clear()
+            row["failed"] = len(mover.load_errors()) + mover.counters["save_failed_keys"]
+            row["pinned"] = int(client.stats()["client"].get("gpu_pinned_bytes", 0))
+        finally:
+            mover.close()
+    print(json.dumps(row), flush=True)
+
+
+def _first_calls_table(rows):
+    out = [["transport", "blocks/key", "1st save ms", "1st load ms", "2nd save ms",
+            "2nd load ms", "failed", "byte-exact", "pinned MiB"]]
+    for r in rows:
+        out.append([r["transport"], str(r["blocks_per_key"]), f"{r['save1_ms']:.1f}",
+                    f"{r['load1_ms']:.1f}", f"{r['save2_ms']:.1f}", f"{r['load2_ms']:.1f}",
+                    str(r["failed"]), str(r["byte_exact"]), f"{r['pinned'] / (1 << 20):.0f}"])
+    return "first calls of a fresh process (its tensors and client set up first)\n" + \
+        format_table(out)
 
 
 def _chunks(blocks, per_key):
@@ -234,3 +319,7 @@ def _interference_table(r):
             f"{r['slowdown_pct']:.1f}", f"{r['load_gb_per_s']:.2f}"]]
     return ("interference: a memory-bound kernel while the mover streams loads (shm)\n"
             + format_table(out))
+
+
+if __name__ == "__main__":
+    _fresh_process(sys.argv[1], sys.argv[2], int(sys.argv[3]))
