@@ -402,6 +402,7 @@ def test_bench_measures_the_disk_tier(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads(report.read_text())["results"]
     systems = {r["system"] for r in rows}
-    assert {"raw O_DIRECT", "gdrkv tcp from disk", "gdrkv shm from disk"} <= systems
+    assert {"raw O_DIRECT", "gdrkv tcp from disk", "gdrkv shm from disk", "raw O_DIRECT write",
+            "gdrkv tcp write, pool full", "gdrkv shm write, pool full"} <= systems
     assert all(r["gb_per_s"] > 0 and r["raw_x"] > 0 for r in rows)
     assert "raw O_DIRECT" in done.stdout
