@@ -16,7 +16,10 @@
  * recent at the head. Reservations evict from the tail when the allocator is
  * out of room; store_maintain() does the same in the background between two
  * watermarks. Pinned objects are skipped, and reserved ones are not on the
- * list at all. A read's move to the head is deferred (below).
+ * list at all. A read's move to the head is deferred (below). Over a disk
+ * tier, eviction prefers objects with a copy on disk, and under the
+ * throttle policy takes no other: a batch that finds no room so waits for
+ * the demoter (store_reserve_batch_or_wait, tiering.c).
  *
  * A pool file (persist.h) adds headers in the pool: written at
  * reservation, marked by commit, unmarked by unlink, and read back by

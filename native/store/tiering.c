@@ -113,8 +113,8 @@ static void batch_add(struct demotion *b, struct store_obj *o)
  * otherwise the coldest (capacity - low watermark) bytes are cleaned:
  * written to disk and kept, so that a burst of writes can evict them
  * without losing them; all of them while a writer waits for room. Picks
- * nothing to write before `writing` time (a failed write's back-off), nor
- * an object whose own write failed until its retry time. */
+ * nothing to write during a failed write's back-off, nor an object whose
+ * own write failed before its retry time. */
 static void pick_cold(struct store *s, struct demotion *b, int draining, uint64_t now)
 {
     uint64_t bytes = 0, seen = 0;
@@ -179,7 +179,7 @@ static int describe(struct store *s, struct demotion *b)
 
 /* After a batch's write, under lock: whether it failed, and the back-off
  * that follows (DEMOTE_BACKOFF_*), or its end. */
-static int note_failures(struct store *s, const struct demotion *b, uint64_t now)
+static void note_failures(struct store *s, const struct demotion *b, uint64_t now)
 {
     int failed = 0;
     for (uint32_t i = 0; i < b->n; i++)
@@ -190,7 +190,6 @@ static int note_failures(struct store *s, const struct demotion *b, uint64_t now
                                   DEMOTE_BACKOFF_MAX_MS);
     s->disk_retry_ns = now + s->disk_backoff_ms * 1000000ull;
     s->st.disk_backoff_ms = s->disk_backoff_ms;
-    return failed;
 }
 
 /* After the write, under lock: evicts what nobody else pinned meanwhile
@@ -261,10 +260,10 @@ void *store_demoter_main(void *arg)
              * say it wants some again. */
             if (now >= s->disk_retry_ns)
                 s->room_wanted = 0;
-            uint64_t backoff_ms = now < s->disk_retry_ns
-                                      ? (s->disk_retry_ns - now) / 1000000 + 1 : DEMOTE_IDLE_MS;
+            uint64_t sleep_ms = now < s->disk_retry_ns
+                                    ? (s->disk_retry_ns - now) / 1000000 + 1 : DEMOTE_IDLE_MS;
             store_unlock(s);
-            demoter_sleep(s, (long)GK_MIN(backoff_ms, (uint64_t)DEMOTE_IDLE_MS));
+            demoter_sleep(s, (long)GK_MIN(sleep_ms, (uint64_t)DEMOTE_IDLE_MS));
             store_lock(s);
             continue;
         }
