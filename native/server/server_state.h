@@ -125,7 +125,8 @@ struct server_worker {
     int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
     int last_was_staged;            /* the last frame served was a PUT_STAGED: no busy poll */
-    int disk_fd;                    /* eventfd: frames parked for the disk may run again */
+    int disk_fd;                    /* eventfd: frames parked for the disk may run again,
+                                       writes waiting for room (CONN_WAIT_ROOM) try again */
     pthread_mutex_t disk_lock;      /* guards disk_done */
     struct disk_frame **disk_done;  /* frames whose keys came back (server_disk.h) */
     uint32_t ndisk_done, disk_done_cap;

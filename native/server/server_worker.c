@@ -212,7 +212,7 @@ static void take_handoffs(struct server_worker *w, int closing)
 
 /* The disk threads brought keys back (server_disk.h): the frames parked
  * for them run again. A connection closed meanwhile is not found. The
- * demoter may have made room too (server_disk_wake_writers): the writes
+ * demoter may have made room too (server_disk.c wake_writers): the writes
  * waiting for it try again. */
 static void take_disk_done(struct server_worker *w)
 {
