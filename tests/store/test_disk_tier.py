@@ -263,6 +263,28 @@ def test_the_drop_policy_lets_a_fast_writer_lose_what_the_disk_did_not_take(
     assert not all(read_back(client, keys))
 
 
+def test_a_writer_waits_for_a_slow_disk_no_longer_than_its_bound(server_factory, make_client,
+                                                                  tmp_path, disk_faults):
+    """A disk that takes a second per write, a writer of twice the pool: a
+    PUT waits for room at most --disk-full-wait-ms, then its keys without
+    room fail NO_SPACE, long before the client's timeout; none it was told
+    is stored is lost."""
+    disk_faults("slow-writes", on=False, ms=1000)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir, "--disk-full-wait-ms", "300")
+    client = make_client(server.url, namespace=unique("ns"), transport="tcp", timeout_ms=60000)
+    disk_faults("slow-writes", on=True, ms=1000)
+    keys = keys_of("slow", 128)
+    results = write(client, keys, batch=8)
+    assert set(results) == {0, gdrkv.errors.E_NO_SPACE}, results
+    stats = server.stats()
+    assert stats["frames_waited_for_room"] > 0 and stats["evicted_not_on_disk"] == 0, stats
+    disk_faults("slow-writes", on=False)
+    stored = [k for k, r in zip(keys, results) if r == 0]
+    assert read_back(client, stored) == [True] * len(stored)
+
+
 def cold_keys_on_one_worker(server_factory, make_client, tmp_path, disk_faults, prefix, ms):
     """A one-worker server whose disk reads will take ms each once the
     slow-reads fault is on, with 96 keys written: the first ones on disk
