@@ -133,6 +133,10 @@ class Server:
     file in each directory instead of being dropped, EXISTS sees them, and a
     read brings them back into the pool; the files are found again by the
     next server (docs/operations.md). reset_disk=True starts them empty.
+    disk_full_policy: "throttle" (the default) slows a writer that finds the
+    pool full of objects not on disk yet to the disk's speed, for up to
+    disk_full_wait_ms, so nothing acknowledged is dropped while the disk has
+    room; "drop" evicts them instead.
 
     rdma: "auto" serves rdma clients when an RDMA device is there (libibverbs,
     or $GDRKV_IBVERBS_LIB), "on" requires it, "off" never registers the pool.

@@ -91,6 +91,11 @@ typedef struct gdrkv_server_opts {
                                    NULL or "" = none */
     uint64_t disk_size;         /* bytes of the tier's file in each directory */
     int reset_disk;             /* start the disk files empty, whatever they hold */
+    const char *disk_full_policy; /* "throttle" (NULL too): a PUT that finds the pool
+                                   full of objects not on disk yet waits for the
+                                   disk, up to disk_full_wait_ms; "drop": it evicts
+                                   them (docs/operations.md) */
+    uint32_t disk_full_wait_ms; /* the longest such a PUT waits; then NO_SPACE */
     int busy_poll_us;           /* after an event a worker polls its connections
                                    without sleeping for this long, so a busy
                                    client's next frame is not held up by a wakeup

@@ -258,6 +258,7 @@ static int open_store(struct gdrkv_server *s, const gdrkv_server_opts *opts, cha
         .disk_paths = disk_paths,
         .disk_bytes_per_path = opts->disk_size,
         .reset_disk = opts->reset_disk,
+        .disk_full_drop = opts->disk_full_policy && !strcmp(opts->disk_full_policy, "drop"),
     };
     int rc;
 

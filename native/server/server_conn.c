@@ -124,6 +124,8 @@ enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64
     uint64_t stall_ns = (uint64_t)s->opts.stall_timeout_ms * 1000000ull;
     int between_frames = server_conn_between_frames(c);
 
+    if (c->state == CONN_WAIT_ROOM)     /* bounded by disk_full_wait_ms (wait_room) */
+        return CONN_OVERDUE_NO;
     if (c->answer_deadline_ns && now_ns >= c->answer_deadline_ns)
         return CONN_OVERDUE_ANSWER;
     if (c->request_deadline_ns && now_ns >= c->request_deadline_ns)
@@ -204,6 +206,11 @@ static enum step execute(struct server_conn *c)
         return STEP_WAIT;
     }
     int rc = server_ops_execute(c);
+    if (rc == SERVER_OPS_WAIT_ROOM) {
+        c->state = CONN_WAIT_ROOM;
+        c->room_wait_ns = gk_now_ns();
+        return STEP_WAIT;
+    }
     /* The frame holds its own pins now, if it wanted them. */
     server_disk_release(c->disk_frame);
     c->disk_frame = NULL;
@@ -213,6 +220,19 @@ static enum step execute(struct server_conn *c)
     c->state = gk_op(c->req.opcode)->payload_in ? CONN_READ_PAYLOAD : CONN_WRITE;
     if (c->state == CONN_WRITE)
         c->request_deadline_ns = 0;     /* all of it is in */
+    return STEP_MORE;
+}
+
+/* A write waiting for room tries again (the store's room hook or the
+ * tick): the time it waited does not count against the request's deadline
+ * nor as a stall, since it is bounded by disk_full_wait_ms. */
+static enum step wait_room(struct server_conn *c)
+{
+    uint64_t now = gk_now_ns();
+    if (c->request_deadline_ns)
+        c->request_deadline_ns += now - c->room_wait_ns;
+    c->last_progress_ns = now;
+    c->state = CONN_EXECUTE;
     return STEP_MORE;
 }
 
@@ -492,6 +512,7 @@ static enum step run_step(struct server_conn *c)
     case CONN_SKIP: return skip_frame(c);
     case CONN_READ_PAYLOAD: return read_payload(c);
     case CONN_WAIT_DISK: return STEP_WAIT;
+    case CONN_WAIT_ROOM: return wait_room(c);
     case CONN_EXECUTE: return execute(c);
     case CONN_WRITE: return write_response(c);
     }
@@ -526,6 +547,7 @@ void server_conn_on_event(struct server_conn *c)
     uint32_t events = c->state == CONN_WRITE         ? EPOLLOUT
                       : c->state == CONN_WAIT_BUFFER ? 0     /* unread until there is room */
                       : c->state == CONN_WAIT_DISK   ? 0     /* nothing to read meanwhile */
+                      : c->state == CONN_WAIT_ROOM   ? 0     /* the payload stays unread */
                                                      : EPOLLIN;
     if (s == STEP_CLOSE || listen_for(c, events) < 0) {
         server_conn_close(c);

@@ -146,10 +146,21 @@ static void *disk_thread(void *arg)
     return NULL;
 }
 
+/* The store's room hook: the demoter wrote objects to disk, which writers
+ * waiting for room (CONN_WAIT_ROOM) may now evict. Each worker looks at its
+ * own (server_worker.c take_disk_done). */
+static void wake_writers(void *arg)
+{
+    struct gdrkv_server *s = arg;
+    for (int i = 0; i < s->nworkers; i++)
+        eventfd_write(s->workers[i].disk_fd, 1);
+}
+
 int server_disk_start(struct gdrkv_server *s)
 {
     if (!store_has_disk(s->store))
         return 0;
+    store_set_room_hook(s->store, wake_writers, s);
     struct server_disk *d = calloc(1, sizeof *d);
     if (!d)
         return -1;
@@ -167,6 +178,8 @@ void server_disk_stop(struct gdrkv_server *s)
     struct server_disk *d = s->disk;
     if (!d)
         return;
+    /* The workers' eventfds go next. */
+    store_set_room_hook(s->store, NULL, NULL);
     pthread_mutex_lock(&d->lock);
     d->stopping = 1;
     pthread_cond_broadcast(&d->wake);

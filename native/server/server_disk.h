@@ -17,6 +17,12 @@
  * The jobs hold no pointer a worker may free: a connection closed while
  * its keys are read is looked up by its serial when the frame comes back,
  * and simply not found; its pins go then.
+ *
+ * Writes wait for the disk tier too, under the throttle policy: a PUT the
+ * pool has no room for but by evicting objects not on disk yet waits
+ * (CONN_WAIT_ROOM, server_ops.h SERVER_OPS_WAIT_ROOM) holding nothing, and
+ * the store's room hook, set here, wakes every worker through its disk_fd
+ * whenever the demoter wrote some, so their waiting writes try again.
  */
 #ifndef GDRKV_SERVER_DISK_H
 #define GDRKV_SERVER_DISK_H

@@ -164,6 +164,31 @@ static int op_release(struct server_conn *c)
 
 /* ------------------------------------------------------------ put */
 
+/* Reserves the frame's first n keys into the batch: SERVER_OPS_WAIT_ROOM
+ * when the frame must wait for room first (server_ops.h), else 0. After
+ * disk_full_wait_ms of waiting, the keys without room get NO_SPACE. */
+static int reserve(struct server_conn *c, uint32_t n)
+{
+    struct store *s = store_of(c);
+    struct server_batch *b = &c->batch;
+    uint64_t now = gk_now_ns();
+    int first = !c->room_deadline_ns;
+
+    if (first)
+        c->room_deadline_ns = now + c->worker->server->opts.disk_full_wait_ms * 1000000ull;
+    if (now < c->room_deadline_ns) {
+        if (store_reserve_batch_or_wait(s, &c->ns, b->entries, n, b->objs, b->status)) {
+            if (first)
+                gk_counter_add(&c->worker->counters.frames_waited_for_room, 1);
+            return SERVER_OPS_WAIT_ROOM;
+        }
+    } else {
+        store_reserve_batch(s, &c->ns, b->entries, n, b->objs, b->status);
+    }
+    c->room_deadline_ns = 0;
+    return 0;
+}
+
 /* Reserves room for the values; the connection then reads the payload
  * straight into it (server_ops_finish_put answers once it is all there). */
 static int op_put(struct server_conn *c)
@@ -171,7 +196,8 @@ static int op_put(struct server_conn *c)
     struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
 
-    store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
+    if (reserve(c, c->req.count))
+        return SERVER_OPS_WAIT_ROOM;
     c->holds = CONN_HOLDS_RESERVATIONS;
     server_payload_start(&c->payload, store_base(s), b->entries, b->objs, c->req.count, 1,
                          c->req.payload_len);
@@ -276,7 +302,8 @@ static int op_put_staged(struct server_conn *c)
         return c->staging.base ? server_reply_error(c, GDRKV_E_TOO_LARGE, big, sizeof big - 1)
                                : server_reply_error(c, GDRKV_E_INVALID, none, sizeof none - 1);
     }
-    store_reserve_batch(s, &c->ns, b->entries, n, b->objs, b->status);
+    if (reserve(c, n))
+        return SERVER_OPS_WAIT_ROOM;
     c->holds = CONN_HOLDS_RESERVATIONS;
     uint8_t *base = store_base(s);
     const uint8_t *from = c->staging.base;
@@ -320,11 +347,11 @@ static int op_put_staged(struct server_conn *c)
  * before COMMIT; the sizes answered are the value sizes. */
 static int op_reserve(struct server_conn *c)
 {
-    struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
     uint64_t bytes = 0;
 
-    store_reserve_batch(s, &c->ns, b->entries, c->req.count, b->objs, b->status);
+    if (reserve(c, c->req.count))
+        return SERVER_OPS_WAIT_ROOM;
     c->holds = CONN_HOLDS_RESERVATIONS;
     for (uint32_t i = 0; i < c->req.count; i++) {
         /* The value's size for every key not refused, stored ones (1) too. */

@@ -26,7 +26,12 @@ int server_ops_allowed(const struct server_conn *c, uint8_t op);
 
 /* Runs the request parsed into c against the store and prepares the
  * response; for PUT it reserves the objects and sets up reading the payload
- * into them instead. Returns 0, or GDRKV_E_INTERNAL when out of memory. */
+ * into them instead. Returns 0, or GDRKV_E_INTERNAL when out of memory, or
+ * SERVER_OPS_WAIT_ROOM for a write that must wait for the disk tier to
+ * make room (store.h store_reserve_batch_or_wait): it holds nothing and
+ * answered nothing, and runs again when the store's room hook or the
+ * worker's tick says so (CONN_WAIT_ROOM), until opts.disk_full_wait_ms. */
+#define SERVER_OPS_WAIT_ROOM 1
 int server_ops_execute(struct server_conn *c);
 /* PUT: the whole payload arrived; publish the objects and respond. */
 int server_ops_finish_put(struct server_conn *c);

@@ -104,6 +104,14 @@ static const struct server_option options[] = {
     OPTION(disk_size, disk_size, size, 0,
            "size of the disk tier's file in each --disk directory, e.g. 500GiB"),
     OPTION(reset_disk, reset_disk, flag, 0, "start the --disk files empty whatever they hold"),
+    TEXT_OPTION(disk_full_policy, "throttle",
+                "with --disk, what a PUT does when the pool is full of objects not on disk "
+                "yet: throttle (wait for the disk to take some, so nothing acknowledged is "
+                "dropped while the disk has room; writers go at the disk's speed) or drop "
+                "(evict them: writers go at memory speed, the excess is lost)"),
+    OPTION(disk_full_wait_ms, disk_full_wait_ms, int, 4000,
+           "the longest a throttled PUT waits for room before its keys fail NO_SPACE (a "
+           "failing disk fails them at once)"),
     OPTION(rdma, rdma, mode, -1,
            "serve rdma clients: auto when a device is there, on to require one"),
     TEXT_OPTION(auth_token_file, NULL,
@@ -210,6 +218,11 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "busy_poll_us must be at least 0 (or -1, auto)";
     if (o->busy_poll_us > BUSY_POLL_MAX_US)
         return "busy_poll_us must be -1 (auto) or 0 to 1000000";
+    if (o->disk_full_policy && strcmp(o->disk_full_policy, "throttle") != 0 &&
+        strcmp(o->disk_full_policy, "drop") != 0)
+        return "disk_full_policy must be throttle or drop";
+    if (o->disk_full_wait_ms == 0)
+        return "disk_full_wait_ms must be > 0";
     if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         return "unix_path is too long for a unix socket";
     return NULL;

@@ -72,6 +72,8 @@ struct store;
       "request bodies that waited for max_buffered_bytes")                                      \
     X(frames_waited_for_disk, frames_waited_for_disk,                                           \
       "GETs and LEASEs that waited for keys read back from the disk tier")                     \
+    X(frames_waited_for_room, frames_waited_for_room,                                           \
+      "PUTs that waited for the disk tier to make room (disk_full_policy throttle)")          \
     X(get_pins_expired, get_pins_expired,                                                       \
       "tcp GETs whose reader was too slow: closed, pins dropped")                               \
     X(bytes_in, received_bytes, "PUT payload bytes received")                                   \
@@ -125,7 +127,8 @@ struct server_worker {
     int draining;                   /* stop began: no accepts, frames in flight finish */
     int runnable;                   /* some connection has work left without an event */
     int last_was_staged;            /* the last frame served was a PUT_STAGED: no busy poll */
-    int disk_fd;                    /* eventfd: frames parked for the disk may run again */
+    int disk_fd;                    /* eventfd: frames parked for the disk may run again,
+                                       writes waiting for room (CONN_WAIT_ROOM) try again */
     pthread_mutex_t disk_lock;      /* guards disk_done */
     struct disk_frame **disk_done;  /* frames whose keys came back (server_disk.h) */
     uint32_t ndisk_done, disk_done_cap;
@@ -198,6 +201,7 @@ enum server_conn_state {
     CONN_SKIP,              /* dropping body and payload of a frame we can't serve */
     CONN_READ_PAYLOAD,      /* PUT values, into reserved chunks */
     CONN_WAIT_DISK,         /* a read waits for its keys to come back from disk */
+    CONN_WAIT_ROOM,         /* a write waits for the disk tier to make room, holding nothing */
     CONN_EXECUTE,           /* ...and they came back: run the frame again */
     CONN_WRITE              /* response, then GET values from pinned chunks */
 };
@@ -271,6 +275,8 @@ struct server_conn {
     uint64_t frame_start_ns;        /* header complete: op latency */
     uint64_t request_deadline_ns;   /* the whole request must be in by then */
     uint64_t answer_deadline_ns;    /* a GET's pinned values must be out by then */
+    uint64_t room_deadline_ns;      /* a write waiting for room stops waiting then (0: none) */
+    uint64_t room_wait_ns;          /* when this wait for room began */
 
     uint8_t hdr_raw[GK_HDR_SIZE];
     uint32_t hdr_got;

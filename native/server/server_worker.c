@@ -211,7 +211,9 @@ static void take_handoffs(struct server_worker *w, int closing)
 }
 
 /* The disk threads brought keys back (server_disk.h): the frames parked
- * for them run again. A connection closed meanwhile is not found. */
+ * for them run again. A connection closed meanwhile is not found. The
+ * demoter may have made room too (server_disk.c wake_writers): the writes
+ * waiting for it try again. */
 static void take_disk_done(struct server_worker *w)
 {
     uint64_t count;
@@ -233,6 +235,11 @@ static void take_disk_done(struct server_worker *w)
             server_disk_release(done[i]);
     }
     free(done);
+    for (struct server_conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->state == CONN_WAIT_ROOM)
+            server_conn_on_event(c);
+    }
 }
 
 /* local: connections on the unix socket, which may use shm. Each goes to
@@ -299,10 +306,11 @@ static void tick(struct server_worker *w, uint64_t now_ns)
         server_ops_expire(c, now_ns);
         close_if_overdue(w, c, now_ns);
     }
-    /* Frames waiting for buffer room try again (server_conn.c). */
+    /* Frames waiting for buffer room or for the disk tier's room try again
+     * (server_conn.c). */
     for (struct server_conn *c = w->conns, *next; c; c = next) {
         next = c->next;
-        if (c->state == CONN_WAIT_BUFFER)
+        if (c->state == CONN_WAIT_BUFFER || c->state == CONN_WAIT_ROOM)
             server_conn_on_event(c);
     }
     if (!w->accepting && !w->draining && watch_listeners(w) < 0)

@@ -40,6 +40,9 @@
 #define DISK_INDEX_BUCKETS 4096
 /* The window a restart reads record headers through. */
 #define DISK_SCAN_WINDOW (1u << 20)
+/* A failing disk fails every write and read: one log line per kind of
+ * failure per this, with the count of the others (log.h). */
+#define DISK_WARN_INTERVAL_MS 10000
 
 enum region_state { REGION_FREE, REGION_OPEN, REGION_SEALED };
 
@@ -91,6 +94,7 @@ struct disk_tier {
     uint8_t *write_buf;             /* DISK_REGION_BYTES, aligned: the writer's */
     struct store_disk_stats stats;
     struct dead_list dead;          /* deleted, not yet marked in their files (disk_bury) */
+    struct gk_log_rate write_warn, read_warn, dead_warn;
 };
 
 static uint64_t region_off(uint64_t region) { return DISK_SUPER_BYTES + region * DISK_REGION_BYTES; }
@@ -374,16 +378,24 @@ void disk_put_batch(struct disk_tier *d, const struct disk_item *items, uint32_t
             }
         }
         /* The next item does not fit what is left: the next batch opens
-         * another region. A failed write seals it too: its blocks are not
-         * trusted to be free. */
-        if (rc || i + packed < n || r->fill + DISK_BLOCK > DISK_REGION_BYTES)
+         * another region. A failed write leaves the region open at its
+         * fill, to be written over by the next batch: sealing it would
+         * evict another region per failure, live records and all, and a
+         * restart's scan stops at what the failed write left (its seqs are
+         * older than the next batch's). */
+        if (!rc && (i + packed < n || r->fill + DISK_BLOCK > DISK_REGION_BYTES))
             seal_region(f, r);
         d->next_file = (fi + 1) % d->nfiles;
         pthread_mutex_unlock(&d->lock);
-        if (rc)
-            GK_WARN("disk: writing %u objects to %s failed: %s", packed, f->path,
-                    strerror(-rc));
         i += packed;
+        if (rc) {
+            gk_log_rated(&d->write_warn, GK_LOG_WARN, "disk: writing %u objects to %s "
+                         "failed: %s", packed, f->path, strerror(-rc));
+            /* The disk just failed: the rest of the batch is not tried
+             * (the demoter backs off, tiering.c). */
+            for (; i < n; i++)
+                status[i] = GDRKV_E_INTERNAL;
+        }
     }
     pthread_mutex_unlock(&d->write_lock);
     free(seqs);
@@ -475,8 +487,9 @@ static int finish_read(struct disk_tier *d, const struct disk_read_req *q,
                gk_checksum64(rec + r.hdr_len, r.size, r.seq) != r.value_sum);
     if (rc || bad) {
         if (rc)
-            GK_WARN("disk: reading %" PRIu64 " bytes of %s failed: %s", sp->len, f->path,
-                    strerror(-rc));
+            gk_log_rated(&d->read_warn, GK_LOG_WARN,
+                         "disk: reading %" PRIu64 " bytes of %s failed: %s", sp->len, f->path,
+                         strerror(-rc));
         forget(d, loc, q->ns, q->ns_len, q->key, q->key_len, bad);
         return GDRKV_E_NOT_FOUND;
     }
@@ -565,8 +578,8 @@ static int mark_dead(struct disk_tier *d, struct disk_file *f, uint64_t off)
         pthread_mutex_lock(&d->lock);
         d->stats.disk_errors++;
         pthread_mutex_unlock(&d->lock);
-        GK_WARN("disk: marking a deleted record in %s failed: %s (a restart may find it "
-                "again)", f->path, strerror(-rc));
+        gk_log_rated(&d->dead_warn, GK_LOG_WARN, "disk: marking a deleted record in %s "
+                     "failed: %s (a restart may find it again)", f->path, strerror(-rc));
     }
     return rc;
 }
@@ -828,6 +841,8 @@ int disk_open(struct disk_tier **out, const struct disk_opts *o, char *err, size
     }
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->write_lock, NULL);
+    d->write_warn = d->read_warn = d->dead_warn =
+        (struct gk_log_rate)GK_LOG_RATE(DISK_WARN_INTERVAL_MS);
     d->ns_seed = gk_mix64(gk_now_ns() ^ (uint64_t)getpid());
     d->files = calloc(o->npaths, sizeof *d->files);
     d->write_buf = aligned_alloc_block(DISK_REGION_BYTES);

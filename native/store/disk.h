@@ -63,8 +63,10 @@ struct disk_item {
 };
 
 /* Writes the items and indexes them (a record of the same key before is
- * superseded); status[i] is 0, or GDRKV_E_TOO_LARGE, or GDRKV_E_INTERNAL
- * when the write failed (logged). */
+ * superseded); status[i] is 0, or GDRKV_E_TOO_LARGE, or GDRKV_E_NO_SPACE
+ * when every region is held by readers, or GDRKV_E_INTERNAL when the write
+ * failed (logged, at most a line per DISK_WARN_INTERVAL_MS) and for the
+ * items after it, which are not tried. */
 void disk_put_batch(struct disk_tier *d, const struct disk_item *items, uint32_t n,
                     int32_t *status);
 

@@ -93,6 +93,7 @@ int store_open(struct store **out, const struct store_opts *opts, char *err, siz
     }
     s->high_bytes = (uint64_t)(opts->high_watermark * (double)capacity);
     s->low_bytes = (uint64_t)(opts->low_watermark * (double)capacity);
+    s->drop_undemoted = opts->disk_full_drop;
     s->st.pool_bytes = capacity;
     s->st.hugepages = s->pool.hugepages;
     if (opts->disk_npaths && open_disk(s, opts, err, errlen) != 0) {

@@ -16,7 +16,10 @@
  * recent at the head. Reservations evict from the tail when the allocator is
  * out of room; store_maintain() does the same in the background between two
  * watermarks. Pinned objects are skipped, and reserved ones are not on the
- * list at all. A read's move to the head is deferred (below).
+ * list at all. A read's move to the head is deferred (below). Over a disk
+ * tier, eviction prefers objects with a copy on disk, and under the
+ * throttle policy takes no other: a batch that finds no room so waits for
+ * the demoter (store_reserve_batch_or_wait, tiering.c).
  *
  * A pool file (persist.h) adds headers in the pool: written at
  * reservation, marked by commit, unmarked by unlink, and read back by
@@ -173,6 +176,7 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
     o->nchunks = 0;
     o->head_len = head_len;
     o->on_disk = 0;
+    o->disk_retry_ns = 0;
     o->state = OBJ_RESERVED;
     return o;
 }
@@ -475,7 +479,7 @@ static int reserved_by(struct store_obj *const *objs, uint32_t n, const struct s
  * it. Evicts within *scan_left (only objects on disk with clean_only:
  * evict_lru). key_hash is index_key_hash of e's key; *mem, when not NULL,
  * is memory for the object (obj_bytes), allocated before the lock was
- * taken: NULL once it is used. */
+ * taken: NULL once it is used. A PUT's counters are its caller's. */
 int32_t do_reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns **space,
                        const struct gk_entry *e, uint64_t key_hash, struct store_obj **mem,
                        struct store_obj **objs, uint32_t i, uint32_t *scan_left,
@@ -498,8 +502,6 @@ int32_t do_reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns 
          * writer may still abort, so only its own batch may count it. */
         if (found->state == OBJ_RESERVED && !reserved_by(objs, i, found))
             return GDRKV_E_BUSY;
-        if (!clean_only)            /* a promotion is no PUT */
-            s->st.put_dedup++;
         return STORE_PRESENT;
     }
 
@@ -519,8 +521,6 @@ int32_t do_reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns 
         obj_unlink(s, o);
         if (store_ns_drop_if_empty(s, *space))
             *space = NULL;
-        if (!clean_only)            /* a promotion is no PUT */
-            s->st.put_no_space++;
         return GDRKV_E_NO_SPACE;
     }
     objs[i] = o;
@@ -543,32 +543,82 @@ static void alloc_objects(struct store *s, const struct gk_ns *ns, const struct 
     }
 }
 
-void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
-                         uint32_t n, struct store_obj **objs, int32_t *status)
+/* Takes back the first n reservations of a batch that must wait for room
+ * (store_reserve_batch_or_wait), has the demoter make some, and counts the
+ * wait: under the lock. */
+static void throttle(struct store *s, struct store_obj **objs, uint32_t n)
 {
-    uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
-    int name_ok = store_ns_name_ok(ns);
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i])
+            do_obj_unlink_dropping_ns(s, objs[i]);
+    }
+    s->room_wanted = 1;
+    s->st.put_throttled++;
+    store_wake_demoter(s);
+}
+
+/* store_reserve_batch, or with may_wait store_reserve_batch_or_wait. */
+static int reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         uint32_t n, struct store_obj **objs, int32_t *status, int may_wait)
+{
+    uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL, i;
+    int name_ok = store_ns_name_ok(ns), waits = 0;
     struct store_obj *mem[GK_MAX_KEYS];
     struct lookups l;
     if (name_ok)
         alloc_objects(s, ns, e, n, mem);
     lookups_begin(s, &l, ns, e, n, LOOKUP_EXCLUSIVE);
-    for (uint32_t i = 0; i < n; i++) {
+    int clean_only = store_writes_keep_undemoted(s);
+    may_wait &= clean_only && !s->disk_failing;
+    for (i = 0; i < n && !waits; i++) {
         lookups_prefetch(s, &l, i, n);
         objs[i] = NULL;
         status[i] = name_ok ? do_reserve_one(s, ns, &l.space, &e[i], l.key_hash[i], &mem[i],
-                                             objs, i, &scan_left, 0)
+                                             objs, i, &scan_left, clean_only)
                             : GDRKV_E_INVALID;
+        waits = may_wait && status[i] == GDRKV_E_NO_SPACE;
+    }
+    if (waits) {
+        throttle(s, objs, i);
+        memset(objs, 0, n * sizeof *objs);
+    } else {
+        for (i = 0; i < n; i++) {
+            s->st.put_dedup += status[i] == STORE_PRESENT;
+            s->st.put_no_space += status[i] == GDRKV_E_NO_SPACE;
+        }
     }
     store_unlock(s);
-    for (uint32_t i = 0; name_ok && i < n; i++)
+    for (i = 0; name_ok && i < n; i++)
         free(mem[i]);
+    if (waits)
+        return 1;
     /* Outside the lock: a reservation is its writer's alone (nothing evicts
      * or frees it), and nobody reads headers but a restart. */
-    for (uint32_t i = 0; s->piece_hdr && i < n; i++) {
+    for (i = 0; s->piece_hdr && i < n; i++) {
         if (objs[i])
             store_write_headers(s, objs[i]);
     }
+    return 0;
+}
+
+void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                         uint32_t n, struct store_obj **objs, int32_t *status)
+{
+    reserve_batch(s, ns, e, n, objs, status, 0);
+}
+
+int store_reserve_batch_or_wait(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                                uint32_t n, struct store_obj **objs, int32_t *status)
+{
+    return reserve_batch(s, ns, e, n, objs, status, 1);
+}
+
+void store_set_room_hook(struct store *s, void (*fn)(void *arg), void *arg)
+{
+    store_lock(s);
+    s->room_hook = fn;
+    s->room_hook_arg = arg;
+    store_unlock(s);
 }
 
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)

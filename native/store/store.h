@@ -40,6 +40,9 @@ struct store_opts {
     uint32_t disk_npaths;
     uint64_t disk_bytes_per_path;
     int reset_disk;         /* start the disk files empty whatever they hold */
+    int disk_full_drop;     /* with a disk tier, a write that finds the pool full of
+                               objects not on disk yet evicts them (drop) instead of
+                               waiting for the demoter (throttle: store_reserve_batch_or_wait) */
 };
 
 /* One contiguous piece of an object inside the pool. */
@@ -77,6 +80,10 @@ struct store_chunk {
     X(promoted_bytes, COUNTER, "bytes of the objects promoted")                      \
     X(evicted_not_on_disk, COUNTER, "objects a disk tier could not keep: evicted before " \
       "their demotion, or their write failed")                                        \
+    X(put_throttled, COUNTER, "write batches that found no room but objects not on disk " \
+      "yet, and waited for the demoter (disk_full_policy throttle)")                 \
+    X(disk_backoff_ms, GAUGE, "how long the demoter waits after its last failed disk " \
+      "write before it writes again (0: the last write succeeded)")                 \
     STORE_DISK_STATS(X)
 
 /* The disk tier's own figures (disk.h), part of the store's. */
@@ -184,6 +191,25 @@ uint64_t store_obj_size(const struct store_obj *o);
 #define STORE_PRESENT 1
 void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                          uint32_t n, struct store_obj **objs, int32_t *status);
+/*
+ * The same for a writer that can wait (dirty throttling, as the kernel's
+ * page cache does it). Under the throttle policy (a disk tier, not
+ * disk_full_drop) no write evicts an object that is not on disk yet; when
+ * the pool has no room for the whole batch otherwise, this reserves
+ * nothing, has the demoter write objects to disk so that they may go, and
+ * returns 1: the caller waits (without holding anything of the store) for
+ * store_set_room_hook's call or a while, and tries again, until a bound of
+ * its own; then store_reserve_batch, whose keys without room get
+ * GDRKV_E_NO_SPACE. While the disk's writes fail, it never returns 1: a
+ * failing disk makes no room. Returns 0 when it ran as store_reserve_batch.
+ */
+int store_reserve_batch_or_wait(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
+                                uint32_t n, struct store_obj **objs, int32_t *status);
+/* fn(arg) is called from the demoter, under the store's lock (so fn must be
+ * quick and must not call the store), whenever it may have made room for
+ * writers that wait; once this returns, the hook set before is never
+ * called again (NULL: none). */
+void store_set_room_hook(struct store *s, void (*fn)(void *arg), void *arg);
 /* Makes reserved objects visible; NULL entries skipped. */
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n);
 /* Frees reserved objects that will never be committed; NULL entries skipped. */

@@ -92,6 +92,7 @@ struct store_obj {
     uint32_t nchunks;           /* chunks held; all of them once reserved */
     uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
     int on_disk;                /* the disk tier holds a copy: evicting it loses nothing */
+    uint64_t disk_retry_ns;     /* its write failed: the demoter leaves it until then */
     enum obj_state state;
     struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
@@ -129,6 +130,15 @@ struct store {
     pthread_cond_t demote_wake;
     int demote_kick;            /* work for the demoter: a wake-up not yet seen */
     int demoter_running, stopping;
+    /* Under the lock: */
+    int drop_undemoted;         /* store_opts.disk_full_drop */
+    int room_wanted;            /* a writer waits for room: the demoter writes every object
+                                   not on disk, however recently used */
+    int disk_failing;           /* the demoter's last write failed */
+    uint64_t disk_retry_ns;     /* ...so it writes nothing before then */
+    uint32_t disk_backoff_ms;   /* that wait, doubled per failure up to a cap */
+    void (*room_hook)(void *);  /* store_set_room_hook */
+    void *room_hook_arg;
 };
 
 /* ----------------------------------------------------------------- locks
@@ -223,6 +233,12 @@ int32_t do_reserve_one(struct store *s, const struct gk_ns *ns, struct store_ns 
                        const struct gk_entry *e, uint64_t key_hash, struct store_obj **mem,
                        struct store_obj **objs, uint32_t i, uint32_t *scan_left,
                        int clean_only);
+/* Whether writes evict only objects that are on disk (the throttle
+ * policy, store.h store_reserve_batch_or_wait). */
+static inline int store_writes_keep_undemoted(const struct store *s)
+{
+    return s->disk && !s->drop_undemoted;
+}
 /* A reservation's pool file headers: no lock (the reservation is its
  * writer's alone). */
 void store_write_headers(struct store *s, const struct store_obj *o);

@@ -8,9 +8,19 @@
  * outside the lock (their bytes can't change: committed objects are
  * immutable and pinned ones stay put), then evicts those nobody pinned
  * meanwhile. An object already on disk (promoted earlier) is evicted
- * without a write. Reservations that find the pool full still evict at
- * once, and what they evict before the demoter reached it is lost
+ * without a write. Under the throttle policy a reservation that finds the
+ * pool full evicts only objects on disk, and when there are too few, the
+ * writer waits for the demoter (store.h store_reserve_batch_or_wait),
+ * which then writes every object not on disk yet, hot ones too, and calls
+ * the room hook after each batch. Under the drop policy reservations evict
+ * at once, and what they evict before the demoter reached it is lost
  * (evicted_not_on_disk).
+ *
+ * A failing disk (full, EIO) must not make the demoter spin: after a
+ * failed write it writes nothing for DEMOTE_BACKOFF_MIN_MS, doubled per
+ * failure in a row up to DEMOTE_BACKOFF_MAX_MS, and the objects whose
+ * write failed are left alone as long; what is on disk already is still
+ * evicted meanwhile. disk.c logs the failures at a bounded rate.
  *
  * A promotion reserves room in the pool as a PUT does (do_reserve_one),
  * evicting only objects that are on disk too, reads the record into the
@@ -46,6 +56,10 @@
 #define DEMOTE_BATCH_BYTES (64ull << 20)
 #define DEMOTE_SCAN 4096
 #define DEMOTE_IDLE_MS 100
+/* The wait after a failed write: doubled per failure in a row, capped so a
+ * disk that is back is written to again within a second. */
+#define DEMOTE_BACKOFF_MIN_MS 10
+#define DEMOTE_BACKOFF_MAX_MS 1000
 /* How long a batch of promotions waits, over all its keys, for another
  * reader's promotion of the same key to commit or for room. */
 #define PROMOTE_WAIT_MS 5000
@@ -98,11 +112,15 @@ static void batch_add(struct demotion *b, struct store_obj *o)
  * big for it) are evicted at once and the others pinned for the write;
  * otherwise the coldest (capacity - low watermark) bytes are cleaned:
  * written to disk and kept, so that a burst of writes can evict them
- * without losing them. */
-static void pick_cold(struct store *s, struct demotion *b, int draining)
+ * without losing them; all of them while a writer waits for room. Picks
+ * nothing to write during a failed write's back-off, nor an object whose
+ * own write failed before its retry time. */
+static void pick_cold(struct store *s, struct demotion *b, int draining, uint64_t now)
 {
     uint64_t bytes = 0, seen = 0;
-    uint64_t window = draining ? UINT64_MAX : alloc_capacity(&s->alloc) - s->low_bytes;
+    int writing = now >= s->disk_retry_ns;
+    uint64_t window = draining || s->room_wanted ? UINT64_MAX
+                                                 : alloc_capacity(&s->alloc) - s->low_bytes;
     uint32_t scanned = 0;
     struct dlink *l = s->lru.prev;
     b->n = 0;
@@ -120,6 +138,8 @@ static void pick_cold(struct store *s, struct demotion *b, int draining)
                 do_evict(s, o);
             continue;
         }
+        if (!writing || now < o->disk_retry_ns)
+            continue;
         do_obj_pin(s, o);
         batch_add(b, o);
         bytes += o->size;
@@ -157,15 +177,37 @@ static int describe(struct store *s, struct demotion *b)
     return 0;
 }
 
-/* After the write, under lock: evicts what nobody else pinned meanwhile,
- * and notes the objects deleted during the write (b->dead). */
-static void settle(struct store *s, struct demotion *b)
+/* After a batch's write, under lock: whether it failed, and the back-off
+ * that follows (DEMOTE_BACKOFF_*), or its end. */
+static void note_failures(struct store *s, const struct demotion *b, uint64_t now)
 {
+    int failed = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        failed |= b->status[i] != 0 && b->status[i] != GDRKV_E_TOO_LARGE;
+    s->disk_failing = failed;
+    s->disk_backoff_ms = !failed ? 0
+                         : GK_MIN(GK_MAX(2 * s->disk_backoff_ms, DEMOTE_BACKOFF_MIN_MS),
+                                  DEMOTE_BACKOFF_MAX_MS);
+    s->disk_retry_ns = now + s->disk_backoff_ms * 1000000ull;
+    s->st.disk_backoff_ms = s->disk_backoff_ms;
+}
+
+/* After the write, under lock: evicts what nobody else pinned meanwhile
+ * (under the throttle policy, only what reached the disk), leaves what
+ * failed alone until the back-off's end, and notes the objects deleted
+ * during the write (b->dead). Returns how many objects it made clean or
+ * evicted: room for waiting writers. */
+static uint32_t settle(struct store *s, struct demotion *b)
+{
+    uint32_t room = 0;
     b->dead_len = 0;
     for (uint32_t i = 0; i < b->n; i++) {
         struct store_obj *o = b->objs[i];
         if (b->status[i] == 0)
             o->on_disk = 1;
+        else
+            o->disk_retry_ns = s->disk_retry_ns;
+        room += b->status[i] == 0;
         uint32_t key_len = o->node.key_len;
         size_t need = b->dead_len + 8 + b->ns_len[i] + key_len;
         if (o->state == OBJ_UNLINKED && b->status[i] == 0 &&
@@ -178,11 +220,13 @@ static void settle(struct store *s, struct demotion *b)
             b->dead_len = need;
         }
         int cold = b->evicting && o->state == OBJ_COMMITTED && o->pins == 1 &&
-                   s->alloc.used_bytes > s->low_bytes;
+                   s->alloc.used_bytes > s->low_bytes &&
+                   (o->on_disk || !store_writes_keep_undemoted(s));
         do_obj_unpin(s, o);
         if (cold)
             do_evict(s, o);
     }
+    return room;
 }
 
 static void delete_dead(struct store *s, const struct demotion *b)
@@ -209,10 +253,17 @@ void *store_demoter_main(void *arg)
             s->draining = 1;
         if (s->alloc.used_bytes <= s->low_bytes)
             s->draining = 0;
-        pick_cold(s, b, s->draining);
+        uint64_t now = gk_now_ns();
+        pick_cold(s, b, s->draining, now);
         if (b->n == 0) {
+            /* Nothing to write: a writer waiting now finds room, or will
+             * say it wants some again. */
+            if (now >= s->disk_retry_ns)
+                s->room_wanted = 0;
+            uint64_t sleep_ms = now < s->disk_retry_ns
+                                    ? (s->disk_retry_ns - now) / 1000000 + 1 : DEMOTE_IDLE_MS;
             store_unlock(s);
-            demoter_sleep(s, DEMOTE_IDLE_MS);
+            demoter_sleep(s, (long)GK_MIN(sleep_ms, (uint64_t)DEMOTE_IDLE_MS));
             store_lock(s);
             continue;
         }
@@ -224,7 +275,11 @@ void *store_demoter_main(void *arg)
             for (uint32_t i = 0; i < b->n; i++)
                 b->status[i] = GDRKV_E_INTERNAL;
         store_lock(s);
-        settle(s, b);
+        note_failures(s, b, gk_now_ns());
+        /* Under the lock, so that once store_set_room_hook returned the
+         * old hook is never called again. */
+        if (settle(s, b) && s->room_wanted && s->room_hook)
+            s->room_hook(s->room_hook_arg);
         if (b->dead_len) {
             store_unlock(s);
             delete_dead(s, b);
@@ -341,11 +396,12 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
      * key too (two TP ranks read the same MLA page at once). No object in
      * the pool has a copy on disk to make room (a restart's pool file
      * holds none yet, a burst of writes is not written yet): wait for the
-     * demoter to write some. Anything else (the key is back, or will
-     * never fit): nothing to do. */
+     * demoter to write some, unless the disk fails its writes. Anything
+     * else (the key is back, or will never fit): nothing to do. */
     for (;;) {
         uint32_t scan_left = STORE_EVICT_SCAN_PER_CALL;
         store_lock(s);
+        int failing = s->disk_failing;
         struct store_ns *space = store_ns_find(s, ns);
         struct store_obj *no_mem = NULL;
         uint64_t key_hash = index_key_hash(&s->objects, e->key, e->key_len);
@@ -353,7 +409,8 @@ static int promote_start(struct store *s, const struct gk_ns *ns, const struct g
         if (st == STORE_PRESENT)
             hold_present(s, ns, e, held);
         store_unlock(s);
-        if ((st != GDRKV_E_BUSY && st != GDRKV_E_NO_SPACE) || gk_now_ns() >= deadline_ns)
+        if ((st != GDRKV_E_BUSY && st != GDRKV_E_NO_SPACE) || gk_now_ns() >= deadline_ns ||
+            (st == GDRKV_E_NO_SPACE && failing))
             break;
         if (st == GDRKV_E_NO_SPACE)
             store_wake_demoter(s);

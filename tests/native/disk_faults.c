@@ -4,7 +4,8 @@
  * $DISK_FAULT_SWITCH exists, so a test turns faults on and off under a
  * running server. $DISK_FAULT says which: "enospc" (writes fail with
  * ENOSPC), "eio" (reads and writes fail with EIO), "slow-reads" (each
- * read sleeps $DISK_FAULT_MS first). Everything else goes through.
+ * read sleeps $DISK_FAULT_MS first), "slow-writes" (each write does).
+ * Everything else goes through.
  * test_disk_tier.py builds it with cc.
  */
 #define _GNU_SOURCE
@@ -51,7 +52,7 @@ static ssize_t io(const char *name, int writing, int fd, void *buf, size_t len, 
         errno = ENOSPC;
         return -1;
     }
-    if (f && !writing && strcmp(f, "slow-reads") == 0) {
+    if (f && strcmp(f, writing ? "slow-writes" : "slow-reads") == 0) {
         long ms = getenv("DISK_FAULT_MS") ? atol(getenv("DISK_FAULT_MS")) : 1000;
         struct timespec t = {ms / 1000, (ms % 1000) * 1000000l};
         nanosleep(&t, NULL);

@@ -1542,6 +1542,56 @@ static void test_disk_tier_serves_8x_the_pool(void)
     remove_disk_dir();
 }
 
+/* The room hook's calls (store_set_room_hook). */
+static void count_room(void *arg) { __atomic_add_fetch((int *)arg, 1, __ATOMIC_RELAXED); }
+
+/* The throttle policy (the default with a disk tier): writers twice the
+ * pool, unpaced, in batches of 8. A batch that finds the pool full of
+ * objects not on disk yet reserves nothing and waits for the room hook,
+ * which the demoter calls once it wrote some; nothing is evicted before
+ * it reached the disk, and every key reads back. */
+static void test_writers_wait_for_the_disk_instead_of_dropping(void)
+{
+    struct store *s = open_with_disk(8 * MiB, 8, 1);
+    int rooms = 0, waits = 0;
+    store_set_room_hook(s, count_room, &rooms);
+    struct gk_ns space = ns_of("ns");
+    char keys[8][32];
+    struct gk_entry e[8];
+    struct store_obj *objs[8];
+    int32_t status[8];
+    for (int first = 0; first < 64; first += 8) {
+        for (int k = 0; k < 8; k++)
+            e[k] = entry_of(key_n(keys[k], sizeof keys[k], first + k), 256 * 1024);
+        for (int tries = 0; store_reserve_batch_or_wait(s, &space, e, 8, objs, status); tries++) {
+            for (int k = 0; k < 8; k++)
+                CHECK(objs[k] == NULL, "a waiting batch holds a reservation");
+            int seen = __atomic_load_n(&rooms, __ATOMIC_RELAXED);
+            for (int ms = 0; ms < 10000 && __atomic_load_n(&rooms, __ATOMIC_RELAXED) == seen;
+                 ms++)
+                usleep(1000);       /* the demoter's hook, or 10 s */
+            CHECK(tries < 1000, "batch at %d never found room", first);
+            waits++;
+        }
+        for (int k = 0; k < 8; k++) {
+            CHECK_EQ(status[k], 0);
+            write_bytes(s, objs[k], (uint64_t)(first + k));
+        }
+        store_commit_batch(s, objs, 8);
+    }
+    store_set_room_hook(s, NULL, NULL);
+    struct store_stats st = stats_of(s);
+    CHECK(waits > 0 && st.put_throttled >= (uint64_t)waits, "%d waits, %llu throttled", waits,
+          (unsigned long long)st.put_throttled);
+    CHECK(rooms > 0, "the room hook was never called");
+    CHECK_EQ(st.evicted_not_on_disk, 0);
+    CHECK_EQ(st.put_no_space, 0);
+    for (int i = 0; i < 64; i++)
+        CHECK(read_through(s, "ns", i), "key %d was dropped", i);
+    store_close(s);
+    remove_disk_dir();
+}
+
 /* A reader's keys stay in the pool from their promotion until it pins them
  * itself: the promotion pins the keys it brings back and those it found
  * there, so a burst of writes meanwhile (which evicts whatever is not
@@ -1644,5 +1694,6 @@ int main(void)
     RUN(test_disk_tier_serves_8x_the_pool);
     RUN(test_disk_tier_deletes_and_clears);
     RUN(test_promoted_keys_stay_until_read);
+    RUN(test_writers_wait_for_the_disk_instead_of_dropping);
     return check_done("test_store");
 }

@@ -6,17 +6,11 @@ import time
 
 import pytest
 
-from support.util import run_gdrkv
+from support.util import cpu_seconds, run_gdrkv
 
 # They measure the CPU a server spends: beside the parallel tests' load
 # the polling worker gets too little of it to show.
 pytestmark = pytest.mark.alone
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.parametrize("busy_poll_us, low, high", [

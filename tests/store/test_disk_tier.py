@@ -3,10 +3,14 @@ the pool evicts in a file in each directory; EXISTS sees it and a read
 brings it back into the pool. A working set 8x the pool is served byte-exact
 over tcp, shm and rdma (softverbs), and again after a SIGTERM restart (every
 object) or a SIGKILL (what had reached the disk, and with --pool-file as
-well, everything). Deletes and clears stay done across restarts. Disk full,
-disk errors and a slow disk mean misses, failed writes and counters, never
-wrong bytes, and a slow disk never holds up reads of objects in memory.
-Unusable paths and sizes are refused at start, with the reason."""
+well, everything). Writers go unpaced, as engines do: one faster than the
+disk is slowed to its speed (--disk-full-policy throttle, the default) and
+nothing acknowledged is dropped, unless the operator chose drop. Deletes
+and clears stay done across restarts. Disk full, disk errors and a slow
+disk mean misses, failed writes and counters, never wrong bytes, nor a
+server that spins or floods its log, and a slow disk never holds up reads
+of objects in memory. Unusable paths and sizes are refused at start, with
+the reason."""
 import ctypes
 import json
 import os
@@ -17,7 +21,7 @@ import pytest
 
 import gdrkv
 from support.content import batch_get_bytes, batch_put_bytes, check_read, content
-from support.util import build_preload, run_gdrkv, unique, wait_for
+from support.util import build_preload, cpu_seconds, run_gdrkv, unique, wait_for
 
 POOL = "32MiB"
 OBJECT = 512 << 10
@@ -44,15 +48,18 @@ def keys_of(prefix, n=COUNT):
     return [f"{prefix}-{i}" for i in range(n)]
 
 
-def write_paced(server, client, keys, size=OBJECT, batch=2):
-    """Writes the keys in small batches, each after the pool is back under
-    its high watermark: a writer the demoter keeps up with (a faster one
-    loses the excess, counted as evicted_not_on_disk)."""
+def write(client, keys, size=OBJECT, batch=32):
+    """Writes the keys in calls of batch, as fast as the server takes them
+    (as an engine does): the results, one per key."""
+    results = []
     for i in range(0, len(keys), batch):
         part = keys[i:i + batch]
-        assert batch_put_bytes(client, part, [content(k, size) for k in part]) == [0] * len(part)
-        wait_for(lambda: (lambda s: s["pool_used_bytes"] <= 0.95 * s["pool_bytes"])(
-            server.stats()), 30, "the demoter to bring the pool under its high watermark")
+        results += batch_put_bytes(client, part, [content(k, size) for k in part])
+    return results
+
+
+def write_all(client, keys, size=OBJECT, batch=32):
+    assert write(client, keys, size, batch) == [0] * len(keys)
 
 
 def read_back(client, keys, size=OBJECT, batch=8):
@@ -72,9 +79,10 @@ def test_a_working_set_8x_the_pool_is_served_through_the_disk(server_factory, ma
     client = make_client(server.url, namespace=unique("ns"), transport=transport,
                          timeout_ms=30000)
     keys = keys_of("page")
-    write_paced(server, client, keys)
+    write_all(client, keys)         # unpaced, 16 MiB a call: the disk sets the pace
     stats = server.stats()
     assert stats["demotions"] >= COUNT * 3 // 4 and stats["evicted_not_on_disk"] == 0, stats
+    assert stats["frames_waited_for_room"] > 0 and stats["put_no_space"] == 0, stats
     assert stats["disk_objects"] >= COUNT * 3 // 4
     assert client.batch_exists(keys) == [True] * COUNT
     assert read_back(client, keys) == [True] * COUNT
@@ -97,7 +105,7 @@ def test_the_disk_outlives_the_server(server_factory, make_client, tmp_path, sto
         ns = unique("ns")
         client = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
         keys = keys_of("kept", 256)
-        write_paced(server, client, keys)
+        write_all(client, keys)
         on_disk = server.stats()["disk_objects"]
         client.close()
         if stop == "sigterm":
@@ -123,9 +131,9 @@ def test_deletes_and_clears_reach_the_disk(server_factory, make_client, tmp_path
     ns, other = unique("ns"), unique("other")
     client = make_client(server.url, namespace=ns, transport="tcp")
     keys = keys_of("gone", 160)
-    write_paced(server, client, keys)
+    write_all(client, keys)
     kept = make_client(server.url, namespace=other, transport="tcp")
-    write_paced(server, kept, keys[:4])
+    write_all(kept, keys[:4])
     # The first keys live on disk only by now.
     assert client.batch_delete(keys[:2]) == [0, 0]
     assert client.batch_exists(keys[:3]) == [False, False, True]
@@ -159,33 +167,122 @@ def disk_faults(tmp_path, monkeypatch):
     return set_fault
 
 
+@pytest.mark.parametrize("policy", ["throttle", "drop"])
 @pytest.mark.parametrize("fault", ["enospc", "eio"])
 def test_a_failing_disk_loses_objects_never_bytes(server_factory, make_client, tmp_path,
-                                                  disk_faults, fault):
-    """Writes that fail leave the objects out of the tier (evicted_not_on_disk,
-    disk_errors); reads that fail are misses. Nothing read is ever wrong,
-    and the server goes on; when the disk is back, so is the tier."""
+                                                  disk_faults, fault, policy):
+    """Writes to disk that fail leave the objects out of the tier
+    (disk_errors); reads that fail are misses. Throttled, a writer the
+    failing disk can't make room for gets NO_SPACE, at once rather than
+    after its bound (nor the client's timeout), and every key it was told
+    is stored reads back; dropping, the pool evicts what the disk did not
+    take (evicted_not_on_disk). Nothing read is ever wrong, and the server
+    goes on; when the disk is back, so is the tier."""
+    disk_faults(fault, on=False)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir, "--disk-full-policy", policy,
+                   "--disk-full-wait-ms", "20000")
+    client = make_client(server.url, namespace=unique("ns"), transport="tcp",
+                         timeout_ms=30000)
+    before = keys_of("before", 96)
+    write_all(client, before)
+    disk_faults(fault, on=True)
+    during = keys_of("during", 96)
+    start_s = time.monotonic()
+    results = write(client, during, batch=8)
+    stats = server.stats()
+    assert stats["disk_errors"] > 0, stats
+    if policy == "throttle":
+        assert set(results) == {0, gdrkv.errors.E_NO_SPACE}, results
+        assert time.monotonic() - start_s < 20, "a failing disk's writers waited their bound"
+        assert stats["evicted_not_on_disk"] == 0, stats
+    else:
+        assert results == [0] * len(during) and stats["evicted_not_on_disk"] > 0, stats
+    found = read_back(client, before + during)     # misses allowed, wrong bytes never
+    if policy == "throttle":
+        stored = [ok for ok, r in zip(found[len(before):], results) if r == 0]
+        assert stored == [True] * len(stored)
+    if fault == "eio":
+        assert not all(found[:len(before)])
+    disk_faults(fault, on=False)
+    # The demoter sees the disk is back at the end of its back-off.
+    wait_for(lambda: server.stats()["disk_backoff_ms"] == 0, 30, "a disk write to succeed")
+    # Throttled, the tier takes a working set over the pool again; dropping,
+    # only what the pool holds is sure to stay.
+    after = keys_of("after", 96 if policy == "throttle" else 16)
+    write_all(client, after)
+    assert read_back(client, after) == [True] * len(after)
+    assert server.alive
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("fault", ["enospc", "eio"])
+def test_a_failing_disk_under_a_full_pool_costs_no_cpu_and_little_log(
+        server_factory, make_client, tmp_path, disk_faults, fault):
+    """A pool full of objects the disk refuses, and no traffic: the demoter
+    backs off (exponentially, capped) instead of trying again at once, the
+    failures are logged one line per interval with their count, and the
+    tier evicts no region for them."""
     disk_faults(fault, on=False)
     disk_dir = tmp_path / "disk"
     disk_dir.mkdir()
     server = start(server_factory, disk_dir)
-    client = make_client(server.url, namespace=unique("ns"), transport="tcp",
-                         timeout_ms=30000)
-    before = keys_of("before", 96)
-    write_paced(server, client, before)
+    client = make_client(server.url, namespace=unique("ns"), transport="tcp", timeout_ms=30000)
+    write_all(client, keys_of("before", 16))
     disk_faults(fault, on=True)
-    during = keys_of("during", 96)
-    write_paced(server, client, during)
-    stats = server.stats()
-    assert stats["disk_errors"] > 0 and stats["evicted_not_on_disk"] > 0, stats
-    found = read_back(client, before + during)     # misses allowed, wrong bytes never
-    if fault == "eio":
-        assert not all(found[:len(before)])
-    disk_faults(fault, on=False)
-    after = keys_of("after", 96)
-    write_paced(server, client, after)
-    assert read_back(client, after) == [True] * len(after)
+    write(client, keys_of("during", 96), batch=8)   # more than the pool: some fail NO_SPACE
+    wait_for(lambda: server.stats()["disk_errors"] > 0, 10, "the demoter to try the disk")
+    before, lines = server.stats(), os.path.getsize(server.log_path)
+    cpu = cpu_seconds(server.proc.pid)
+    start_s = time.monotonic()
+    time.sleep(4)                                  # the idle time under test
+    spent, elapsed = cpu_seconds(server.proc.pid) - cpu, time.monotonic() - start_s
+    after = server.stats()
+    with open(server.log_path, "rb") as f:
+        f.seek(lines)
+        logged = f.read().decode(errors="replace").splitlines()
+    assert after["disk_errors"] > before["disk_errors"]        # it still tries
+    assert spent < 0.05 * elapsed, f"{spent:.2f} s of CPU in {elapsed:.1f} s idle"
+    assert len(logged) <= elapsed, logged
+    assert after["disk_evicted_regions"] == before["disk_evicted_regions"], after
     assert server.alive
+
+
+def test_the_drop_policy_lets_a_fast_writer_lose_what_the_disk_did_not_take(
+        server_factory, make_client, tmp_path):
+    """--disk-full-policy drop: the operator chose memory speed over keeping
+    everything. Unpaced writes all succeed at once, and the excess is
+    evicted before it reached the disk (counted, and misses, never wrong bytes)."""
+    server = start(server_factory, tmp_path, "--disk-full-policy", "drop")
+    client = make_client(server.url, namespace=unique("ns"), transport="tcp", timeout_ms=30000)
+    keys = keys_of("fast")
+    write_all(client, keys)
+    stats = server.stats()
+    assert stats["evicted_not_on_disk"] > 0 and stats["frames_waited_for_room"] == 0, stats
+    assert not all(read_back(client, keys))
+
+
+def test_a_writer_waits_for_a_slow_disk_no_longer_than_its_bound(server_factory, make_client,
+                                                                  tmp_path, disk_faults):
+    """A disk that takes a second per write, a writer of twice the pool: a
+    PUT waits for room at most --disk-full-wait-ms, then its keys without
+    room fail NO_SPACE, long before the client's timeout; none it was told
+    is stored is lost."""
+    disk_faults("slow-writes", on=False, ms=1000)
+    disk_dir = tmp_path / "disk"
+    disk_dir.mkdir()
+    server = start(server_factory, disk_dir, "--disk-full-wait-ms", "300")
+    client = make_client(server.url, namespace=unique("ns"), transport="tcp", timeout_ms=60000)
+    disk_faults("slow-writes", on=True, ms=1000)
+    keys = keys_of("slow", 128)
+    results = write(client, keys, batch=8)
+    assert set(results) == {0, gdrkv.errors.E_NO_SPACE}, results
+    stats = server.stats()
+    assert stats["frames_waited_for_room"] > 0 and stats["evicted_not_on_disk"] == 0, stats
+    disk_faults("slow-writes", on=False)
+    stored = [k for k, r in zip(keys, results) if r == 0]
+    assert read_back(client, stored) == [True] * len(stored)
 
 
 def cold_keys_on_one_worker(server_factory, make_client, tmp_path, disk_faults, prefix, ms):
@@ -200,7 +297,7 @@ def cold_keys_on_one_worker(server_factory, make_client, tmp_path, disk_faults, 
     ns = unique("ns")
     client = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
     keys = keys_of(prefix, 96)
-    write_paced(server, client, keys)
+    write_all(client, keys)
     return server, ns, client, keys
 
 
@@ -259,7 +356,7 @@ def test_two_readers_of_one_key_on_disk_both_get_it(server_factory, make_client,
     ns = unique("ns")
     writer = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
     keys = keys_of("shared", 96)
-    write_paced(server, writer, keys)
+    write_all(writer, keys)
     disk_faults("slow-reads", on=True, ms=1500)
     found = {}
 
@@ -284,6 +381,8 @@ def test_two_readers_of_one_key_on_disk_both_get_it(server_factory, make_client,
     (["--disk", "{tmp}", "--disk-size", "16MiB"], "too small"),
     (["--disk", "{tmp}"], "disk and disk_size go together"),
     (["--reset-disk"], "reset_disk needs a disk"),
+    (["--disk", "{tmp}", "--disk-size", "1GiB", "--disk-full-policy", "never"],
+     "disk_full_policy must be throttle or drop"),
 ])
 def test_unusable_disks_are_refused_at_start(tmp_path, args, message):
     (tmp_path / "file").write_text("")
@@ -325,6 +424,7 @@ def test_bench_measures_the_disk_tier(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads(report.read_text())["results"]
     systems = {r["system"] for r in rows}
-    assert {"raw O_DIRECT", "gdrkv tcp from disk", "gdrkv shm from disk"} <= systems
+    assert {"raw O_DIRECT", "gdrkv tcp from disk", "gdrkv shm from disk", "raw O_DIRECT write",
+            "gdrkv tcp write, pool full", "gdrkv shm write, pool full"} <= systems
     assert all(r["gb_per_s"] > 0 and r["raw_x"] > 0 for r in rows)
     assert "raw O_DIRECT" in done.stdout

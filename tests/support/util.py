@@ -73,6 +73,13 @@ def wait_for(predicate, timeout, what):
         time.sleep(0.05)
 
 
+def cpu_seconds(pid):
+    """CPU time (user + system) process pid has spent so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def counted(read, expected, timeout=5):
     """A worker counts an op once sendmsg has returned its answer, which
     may be just after the client read it: polls read() until it gives

@@ -43,6 +43,8 @@ EVERY = {
     "disk": "/mnt/nvme0/gdrkv,/mnt/nvme1/gdrkv",
     "disk_size": 1 << 40,
     "reset_disk": True,
+    "disk_full_policy": "drop",
+    "disk_full_wait_ms": 1500,
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",

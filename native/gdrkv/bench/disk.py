@@ -1,23 +1,29 @@
 """gdrkv bench --disk-tier DIR: GETs served from the disk tier against the
-device itself and against SGLang's file backend on the same directory.
+device itself and against SGLang's file backend on the same directory, and
+the write rate a full pool sustains against the device's.
 
 For each object size (--sizes, default 64KiB,1MiB), in one run:
-  - raw: --disk-working-set bytes written to a file in DIR, then read back
-    in objects of that size with O_DIRECT (preadv into aligned memory) by
-    RAW_THREADS threads, a queue as deep as the server keeps (its disk
-    threads each keep a frame's reads in flight through io_uring): the
+  - raw: --disk-working-set bytes written to a file in DIR in objects of
+    that size with O_DIRECT, one after the other (the disk's ceiling for
+    the tier's sequential writes), then read back by RAW_THREADS threads
+    (preadv into aligned memory), a queue as deep as the server keeps (its
+    disk threads each keep a frame's reads in flight through io_uring): the
     disk's ceiling for such reads;
   - gdrkv: a server in this process with a --disk-memory pool (a small
-    fraction of the working set) and a disk tier in DIR; the working set is
-    written (paced, so nothing is dropped), then read back in batches of
-    --count objects over each transport, every object coming up from disk
-    (the pool holds none of them by then);
+    fraction of the working set) and a disk tier in DIR (the default
+    disk_full_policy, throttle); the pool is filled, then the working set
+    written unpaced in batches of --count objects, each write waiting for
+    the disk to make room (the "write, pool full" rows: nothing is
+    dropped, so this is the rate writers get once the pool is full), then
+    read back in such batches over each transport, every object coming up
+    from disk (the pool holds none of them by then);
   - SGLang (where installed): HiCacheFile on a folder in DIR against gdrkv's
     HiCache backend on that server, pages of that size set and read back
     through HiCacheStorage, the file backend's pages dropped from the page
     cache first (posix_fadvise), as they would be on a host whose memory
     went to the pool.
-Rates are medians of --repeat rounds, in GB/s, with ratios to the raw reads.
+Rates are medians of --repeat rounds (the writes: one round), in GB/s, with
+ratios to the raw reads (writes: to the raw writes).
 """
 import contextlib
 import mmap
@@ -74,7 +80,9 @@ def run(args):
 def _measure_size(folder, size, args):
     n = max(1, args.disk_working_set // size)
     batch = max(1, min(args.count, (args.disk_memory // 4) // size))
-    rows = [_row("raw O_DIRECT", size, batch, _raw_reads(folder, size, n, args.repeat))]
+    raw_writes, raw_reads = _raw(folder, size, n, args.repeat)
+    rows = [_row("raw O_DIRECT", size, batch, raw_reads),
+            _row("raw O_DIRECT write", size, 1, raw_writes)]
     disk_size = 2 * n * (size + 4096) + (64 << 20)
     with Server(memory=args.disk_memory, disk=folder, disk_size=disk_size,
                 reset_disk=True) as server:
@@ -82,13 +90,14 @@ def _measure_size(folder, size, args):
             keys = [f"{transport}-{size}-{i}" for i in range(n)]
             with Client(server.url, transport=transport, timeout_ms=60000,
                         namespace=f"bench-disk-{os.getpid()}") as client:
-                _fill(server, client, keys, size, batch)
+                rows.append(_row(f"gdrkv {transport} write, pool full", size, batch,
+                                 [_fill(server, client, keys, size, batch)]))
                 rows.append(_row(f"gdrkv {transport} from disk", size, batch,
                                  _gets(server, client, keys, size, batch, args.repeat)))
                 client.clear()
         rows += _sglang(server, folder, size, n, batch, args.repeat)
-    raw = rows[0]["gb_per_s"]
     for row in rows:
+        raw = rows[1 if "write" in row["system"] else 0]["gb_per_s"]
         row["raw_x"] = row["gb_per_s"] / raw
     return rows
 
@@ -102,18 +111,21 @@ def _aligned(nbytes):
     return mmap.mmap(-1, max(nbytes, mmap.PAGESIZE))
 
 
-def _raw_reads(folder, size, n, repeat):
-    """GB/s of O_DIRECT reads of n objects of size from a file written for
-    it, by RAW_THREADS threads."""
+def _raw(folder, size, n, repeat):
+    """GB/s of O_DIRECT writes of n objects of size to a file, one after the
+    other (one round), and of reads of them by RAW_THREADS threads (repeat
+    rounds)."""
     path = os.path.join(folder, "raw.bin")
     span = (size + 4095) // 4096 * 4096
     chunks = [_aligned(span) for _ in range(RAW_THREADS)]
     chunks[0].write(os.urandom(span))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
     try:
+        start = time.perf_counter()
         for i in range(n):
             os.pwrite(fd, chunks[0], i * span)
         os.fsync(fd)
+        writes = [n * size / (time.perf_counter() - start) / 1e9]
 
         def read(t):
             for i in range(t, n, RAW_THREADS):
@@ -128,36 +140,42 @@ def _raw_reads(folder, size, n, repeat):
             for thread in threads:
                 thread.join()
             rates.append(n * size / (time.perf_counter() - start) / 1e9)
-        return rates
+        return writes, rates
     finally:
         os.close(fd)
         os.unlink(path)
 
 
 def _fill(server, client, keys, size, batch):
-    """Writes keys, paced so the demoter keeps up (2% of the pool at a
-    time: a burst past the high watermark would evict objects not written
-    yet); then a pool's worth of filler, deleted again, so that none of the
-    keys is left in the pool and every read comes from disk."""
-    value = os.urandom(size)
+    """Fills the pool, then writes keys unpaced in calls of batch, as an
+    engine does (each waits for the disk to make room: throttled, nothing
+    is dropped), then a pool's worth of filler again, and deletes the
+    filler, so that none of the keys is left in the pool and every read
+    comes from disk. Returns the GB/s of the keys' writes."""
+    value = bytearray(os.urandom(size))
+    base, _ = client.register(value)
     pool = server.stats()["pool_bytes"]
-    step = max(1, pool // 50 // size)
-    filler = [f"filler-{i}" for i in range(max(1, pool // size))]
-    for part in (keys, filler):
-        for i in range(0, len(part), step):
-            for k in part[i:i + step]:
-                client.put(k, value)
-            _wait_demoter(server)
-    client.batch_delete(filler)
+    fillers = [[f"filler-{name}-{i}" for i in range(max(1, pool // size))] for name in "ab"]
+    try:
+        _put_all(client, fillers[0], base, size, batch)
+        start = time.perf_counter()
+        _put_all(client, keys, base, size, batch)
+        rate = len(keys) * size / (time.perf_counter() - start) / 1e9
+        _put_all(client, fillers[1], base, size, batch)
+    finally:
+        client.unregister(value)
+    filler = fillers[0] + fillers[1]
+    for i in range(0, len(filler), batch):
+        client.batch_delete(filler[i:i + batch])
+    return rate
 
 
-def _wait_demoter(server, timeout=120):
-    """Until the pool is back under its high watermark."""
-    deadline = time.monotonic() + timeout
-    while (lambda s: s["pool_used_bytes"] > 0.95 * s["pool_bytes"])(server.stats()):
-        if time.monotonic() > deadline:
-            raise RuntimeError("gdrkv bench: the disk tier's demoter did not keep up")
-        time.sleep(0.002)
+def _put_all(client, keys, base, size, batch):
+    for i in range(0, len(keys), batch):
+        part = keys[i:i + batch]
+        got = client.batch_put(part, [base] * len(part), [size] * len(part))
+        if got != [0] * len(part):
+            raise RuntimeError(f"gdrkv bench: writes to the disk tier failed: {got}")
 
 
 def _gets(server, client, keys, size, batch, repeat):
@@ -190,10 +208,6 @@ def _sglang(server, folder, size, n, batch, repeat):
 
     # Pages of this size: page_size tokens of one layer, one head of 128 bf16 (K and V).
     tokens = max(1, size // (2 * 128 * 2))
-    # Calls of at most 2% of the pool, as in _fill: a larger burst of sets
-    # would evict pages before the demoter wrote them (SGLang's own calls,
-    # 128 pages at most, are far below that in a pool of real size).
-    batch = max(1, min(batch, server.stats()["pool_bytes"] // 50 // size))
     pool = engines.PageFirstHostPool(2 * batch, page_size=tokens, layer_num=1, head_num=1,
                                      head_dim=128)
     page_bytes = sum(pool.get_page_buffer_meta(pool.first_indices([0]))[1])
@@ -222,8 +236,6 @@ def _sglang(server, folder, size, n, batch, repeat):
             for keys in calls:
                 if not pages.set(keys, source):
                     raise RuntimeError(f"gdrkv bench: {name} set failed")
-                if not copying:
-                    _wait_demoter(server)
             rates = []
             for _ in range(repeat):
                 if copying:
