@@ -139,7 +139,11 @@ class Server:
 
     auth_token_file: serve only clients that prove they hold the secret in
     this file (mode 0600; docs/protocol.md). A listen address other hosts
-    can reach needs one, or insecure_no_auth=True.
+    can reach needs one, or insecure_no_auth=True. Until it authenticates
+    a tcp connection holds none of max_connections but one of
+    max_unauthenticated (at most max_unauthenticated_per_peer from one IP
+    address; when they are full the address with most gives up its oldest),
+    and is closed auth_timeout_ms after it opened.
 
     close() drains: no new connections, the frames in flight finish (for at
     most drain_timeout_ms), then every connection is closed.

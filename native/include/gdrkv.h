@@ -54,8 +54,12 @@ typedef struct gdrkv_server_opts {
     uint32_t max_connections;   /* tcp connections; as many again for local (unix) ones */
     uint32_t max_connections_per_peer; /* tcp connections from one IP address */
     uint32_t idle_timeout_ms;   /* a connection with no frame for this long is closed
-                                   (clients reconnect); one not yet authenticated
-                                   gets stall_timeout_ms */
+                                   (clients reconnect) */
+    uint32_t auth_timeout_ms;   /* with a token: a connection not authenticated this
+                                   long after accept is closed */
+    uint32_t max_unauthenticated; /* with a token: tcp connections before AUTH, apart
+                                   from max_connections (docs/operations.md) */
+    uint32_t max_unauthenticated_per_peer; /* ... of them from one IP address */
     uint64_t max_buffered_bytes;/* request bodies buffered over all connections; a
                                    frame that would pass it waits (back-pressure) */
     const char *unix_path;      /* socket of the shm transport for local clients;

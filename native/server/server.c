@@ -25,6 +25,7 @@
 #include "server_metrics.h"
 #include "server_options.h"
 #include "server_peers.h"
+#include "server_strangers.h"
 #include "server_rdma.h"
 #include "server_state.h"
 #include "server_stats.h"
@@ -162,6 +163,7 @@ static void server_free(struct gdrkv_server *s)
     if (s->store)
         store_close(s->store);
     server_peers_free(s->peers);
+    server_strangers_free(s->strangers);
     free(s);
 }
 
@@ -191,7 +193,9 @@ static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err,
         return NULL;
     }
     s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
-    if (!s->peers) {
+    s->strangers = server_strangers_new(opts->max_unauthenticated,
+                                        opts->max_unauthenticated_per_peer);
+    if (!s->peers || !s->strangers) {
         snprintf(err, errlen, "out of memory");
         server_free(s);
         return NULL;

@@ -21,6 +21,7 @@
 #include "common/common.h"
 #include "common/net.h"
 #include "common/protocol.h"
+#include "server_strangers.h"
 
 struct server_option {
     gdrkv_server_option about;
@@ -71,8 +72,15 @@ static const struct server_option options[] = {
     OPTION(max_connections_per_peer, max_connections_per_peer, int, 512,
            "tcp connections from one IP address"),
     OPTION(idle_timeout_ms, idle_timeout_ms, int, 300000,
-           "close connections without a frame for this long; clients reconnect (one not yet "
-           "authenticated gets stall_timeout_ms)"),
+           "close connections without a frame for this long; clients reconnect"),
+    OPTION(auth_timeout_ms, auth_timeout_ms, int, 1000,
+           "with --auth-token-file: close connections not authenticated this long after "
+           "they open"),
+    OPTION(max_unauthenticated, max_unauthenticated, int, 512,
+           "with --auth-token-file: tcp connections not yet authenticated, apart from "
+           "--max-connections (when full, the address with most gives up its oldest)"),
+    OPTION(max_unauthenticated_per_peer, max_unauthenticated_per_peer, int, 64,
+           "with --auth-token-file: of those, from one IP address"),
     OPTION(max_buffered, max_buffered_bytes, size, 256ull << 20,
            "request bodies buffered over all connections; bigger ones wait"),
     TEXT_OPTION(unix_path, NULL,
@@ -196,6 +204,12 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "max_connections_per_peer must be > 0";
     if (o->idle_timeout_ms == 0)
         return "idle_timeout_ms must be > 0";
+    if (o->auth_timeout_ms == 0)
+        return "auth_timeout_ms must be > 0";
+    if (o->max_unauthenticated == 0 || o->max_unauthenticated > SERVER_STRANGERS_MAX)
+        return "max_unauthenticated must be 1 to 65536";
+    if (o->max_unauthenticated_per_peer == 0)
+        return "max_unauthenticated_per_peer must be > 0";
     if (o->max_buffered_bytes < GK_MAX_BODY)
         return "max_buffered_bytes must be at least 8MiB (one largest request body)";
     if (o->lease_timeout_ms == 0)
