@@ -153,8 +153,13 @@ class Server:
     awake; "auto" is 1000 on hosts of 8 CPUs or more and 0 (off) below,
     where the polling worker would take the client's core.
 
-    metrics_listen ("host:port"): serve the counters in the Prometheus text
-    format at http://host:port/metrics (metrics() returns the same text).
+    metrics_listen ("host:port", or a port alone for 127.0.0.1): serve the
+    counters in the Prometheus text format at http://host:port/metrics
+    (metrics() returns the same text). metrics_token_file: answer only
+    requests carrying "Authorization: Bearer" and the secret in this file
+    (mode 0600; Prometheus' authorization credentials_file), 401 others.
+    metrics_namespaces: the namespaces with most bytes that get series of
+    their own; the others are summed in gdrkv_namespace_others_*.
     """
 
     def __init__(self, listen="127.0.0.1:0", **options):

@@ -76,8 +76,13 @@ typedef struct gdrkv_server_opts {
                                    a token (refused otherwise) */
     uint32_t drain_timeout_ms;  /* at stop, frames in flight may finish for this
                                    long (no new connections meanwhile) */
-    const char *metrics_listen; /* "host:port" of an HTTP endpoint serving GET
-                                   /metrics (Prometheus text); NULL = none */
+    const char *metrics_listen; /* "host:port" (or a port: loopback) of an HTTP
+                                   endpoint serving GET /metrics (Prometheus
+                                   text); NULL = none */
+    const char *metrics_token_file; /* /metrics wants "Authorization: Bearer" and
+                                   the secret in this file (mode 600); NULL = none */
+    uint32_t metrics_namespaces; /* namespaces with series of their own in /metrics
+                                   (those with most bytes); the rest are summed */
     uint64_t shm_staging_bytes; /* each local connection's staging memfd, where
                                    its PUT values go (docs/transports.md); larger
                                    frames, and all with 0, go on the socket */

@@ -299,15 +299,24 @@ static int open_listeners(struct gdrkv_server *s, const gdrkv_server_opts *opts,
 static int start_metrics(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
                          size_t errlen)
 {
+    const char *given = opts->metrics_listen;
+    char loopback[300];
     struct gk_addr addr;
 
-    if (!opts->metrics_listen || !*opts->metrics_listen)
+    if (!given || !*given)
         return 0;
-    if (gk_parse_addr(opts->metrics_listen, 0, &addr) < 0) {
-        snprintf(err, errlen, "metrics_listen must be host:port, not %s", opts->metrics_listen);
+    /* A port alone (9480 or :9480) listens on loopback: other hosts only
+     * when told so. */
+    if (given[0] == ':' || strspn(given, "0123456789") == strlen(given)) {
+        snprintf(loopback, sizeof loopback, "127.0.0.1:%s", given + (given[0] == ':'));
+        given = loopback;
+    }
+    if (gk_parse_addr(given, 0, &addr) < 0) {
+        snprintf(err, errlen, "metrics_listen must be host:port or a port, not %s",
+                 opts->metrics_listen);
         return GDRKV_E_INVALID;
     }
-    return server_metrics_start(s, &addr, err, errlen);
+    return server_metrics_start(s, &addr, opts->metrics_token_file, err, errlen);
 }
 
 /* The staged-copy helpers, then the workers and their threads. */

@@ -21,6 +21,7 @@
 #include "common/common.h"
 #include "common/net.h"
 #include "common/protocol.h"
+#include "server_metrics.h"
 #include "server_strangers.h"
 
 struct server_option {
@@ -124,7 +125,14 @@ static const struct server_option options[] = {
     OPTION(drain_timeout_ms, drain_timeout_ms, int, 5000,
            "on stop (SIGTERM), let frames in flight finish this long, accepting nothing new"),
     TEXT_OPTION(metrics_listen, NULL,
-                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics"),
+                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics "
+                "(a port alone: on 127.0.0.1)"),
+    TEXT_OPTION(metrics_token_file, NULL,
+                "/metrics answers only requests with 'Authorization: Bearer' and the secret in "
+                "PATH (mode 600; Prometheus' authorization: credentials_file), 401 otherwise"),
+    OPTION(metrics_namespaces, metrics_namespaces, int, 100,
+           "namespaces with series of their own in /metrics, those with most bytes; the "
+           "others are summed in gdrkv_namespace_others_*"),
 };
 
 const gdrkv_server_option *gdrkv_server_option_at(uint32_t i)
@@ -224,6 +232,8 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "busy_poll_us must be at least 0 (or -1, auto)";
     if (o->busy_poll_us > BUSY_POLL_MAX_US)
         return "busy_poll_us must be -1 (auto) or 0 to 1000000";
+    if (o->metrics_namespaces > METRICS_NAMESPACES_MAX)
+        return "metrics_namespaces must be at most 100000";
     if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         return "unix_path is too long for a unix socket";
     return NULL;
@@ -240,6 +250,9 @@ static const char *pairing_fault(const gdrkv_server_opts *o)
         return "disk and disk_size go together";
     if (o->reset_disk && !has_disk)
         return "reset_disk needs a disk";
+    if (o->metrics_token_file && *o->metrics_token_file &&
+        !(o->metrics_listen && *o->metrics_listen))
+        return "metrics_token_file needs a metrics_listen";
     return NULL;
 }
 

@@ -49,6 +49,8 @@ EVERY = {
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",
+    "metrics_token_file": "/etc/gdrkv/metrics-token",
+    "metrics_namespaces": 250,
 }
 
 
@@ -68,7 +70,7 @@ def test_every_flag_round_trips(tmp_path):
     path.write_text(toml(EVERY))
     assert printed("--config", str(path)) == EVERY
     # The file names every setting --print-config knows: none is missing.
-    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen",
+    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen", "metrics_token_file",
                              "pool_file", "disk", "disk_size"} == set(EVERY)
 
 
