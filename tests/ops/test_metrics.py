@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support import wire
 from support.content import batch_get_bytes, batch_put_bytes, content
-from support.util import counted, unique, wait_for
+from support.util import counted, run_gdrkv, unique, wait_for
 
 METRICS_LINE = re.compile(rb"metrics on http://(\S+?)/metrics")
 
@@ -396,3 +396,19 @@ def test_nic_counters(server_factory, tmp_path, monkeypatch):
                  counter="np_cnp_sent") == 14
     assert value(fams, "gdrkv_nic_counter", device="mlx5_0", port="1", group="counters",
                  counter="port_rcv_packets") == 1000
+
+
+def test_bench_scrape_reports_both_runs(tmp_path):
+    """gdrkv bench --scrape: GETs timed with and without a scraper, each
+    run's rate and p99 in the report, the scraper's rate measured."""
+    report = tmp_path / "scrape.json"
+    out = run_gdrkv("bench", "--scrape", "--scrape-namespaces", "20", "--scrape-seconds", "0.5",
+                    "--repeat", "1", "--count", "8", "--json", str(report), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [row] = json.loads(report.read_text())["results"]
+    assert row["size"] == 4096 and row["namespaces"] == 20
+    for name in ("none", "scraping"):
+        [run] = row["runs"][name]
+        assert run["gets_per_s"] > 0 and run["p99_us"] > 0
+    assert row["scrape_ms"] > 0
+    assert "GET/s scraping" in out.stdout
