@@ -32,7 +32,7 @@ struct gk_text;
 #define METRICS_FIXED_TEXT_MAX (1u << 20)
 #define METRICS_LABEL_MAX (3 * 255 + 1)
 /* The most namespaces metrics_namespaces may give series of their own. */
-#define METRICS_NAMESPACES_MAX 100000u
+#define METRICS_NAMESPACES_MAX 10000u
 
 void server_metrics_text(struct gdrkv_server *s, struct gk_text *t);
 

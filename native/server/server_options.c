@@ -233,7 +233,7 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
     if (o->busy_poll_us > BUSY_POLL_MAX_US)
         return "busy_poll_us must be -1 (auto) or 0 to 1000000";
     if (o->metrics_namespaces > METRICS_NAMESPACES_MAX)
-        return "metrics_namespaces must be at most 100000";
+        return "metrics_namespaces must be at most 10000";
     if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         return "unix_path is too long for a unix socket";
     return NULL;

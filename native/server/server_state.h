@@ -57,7 +57,7 @@ struct store;
 /* Every plain counter of a worker, X(name, metric, what it counts): this
  * one list declares the fields, sums them over the workers and prints them
  * (server_stats.c) and exports them as gdrkv_<metric>_total
- * (server_metrics.c), so adding a counter is one line and the stats text,
+ * (server_metrics_text.c), so adding a counter is one line and the stats text,
  * `gdrkv stat` and the metrics can't drift apart. Per-op counters follow. */
 #define SERVER_COUNTERS(X)                                                                      \
     X(connections_total, connections, "connections accepted")                                   \
