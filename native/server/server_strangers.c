@@ -82,11 +82,27 @@ static void list_at(struct server_strangers *t, uint32_t at, const struct server
     t->taken++;
 }
 
+/* The address a stranger counts under: an IPv4 address, or an IPv6 one's
+ * /64 (one host is given a whole /64, so counting its addresses apart
+ * would give it 2^64 shares). */
+static struct server_peer counted_as(const struct server_peer *peer)
+{
+    static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    struct server_peer p = *peer;
+    if (memcmp(p.addr, v4_mapped, sizeof v4_mapped))
+        memset(p.addr + 8, 0, 8);
+    return p;
+}
+
 enum server_stranger_take server_strangers_take(struct server_strangers *t,
                                                 struct server_stranger *who,
-                                                const struct server_peer *peer, int fd)
+                                                const struct server_peer *given, int fd)
 {
     enum server_stranger_take got = STRANGER_REFUSED;
+    struct server_peer key = counted_as(given);
+    const struct server_peer *peer = &key;
+
+    *who = (struct server_stranger){.fd = -1};     /* giving a refused one back is a no-op */
     uint32_t mine = t->max, free_entry = t->max, most = t->max;
 
     pthread_mutex_lock(&t->lock);

@@ -4,8 +4,8 @@
  * succeeds a connection holds a stranger's slot, never one of
  * max_connections, so connections without the token can't lock out the
  * clients that have it. Strangers get max_unauthenticated slots in all and
- * max_unauthenticated_per_peer per IP address, and auth_timeout_ms to
- * finish AUTH (server_conn.c).
+ * max_unauthenticated_per_peer per IP address (an IPv6 address's /64 counts
+ * as one), and auth_timeout_ms to finish AUTH (server_conn.c).
  *
  * When every slot is taken, a newcomer from an address with fewer
  * strangers than the address with most takes the oldest stranger of that

@@ -106,9 +106,29 @@ static void test_full_budget_evens_addresses_out(void)
     server_strangers_free(t);
 }
 
+/* IPv6 addresses of one /64 are one address here; another /64 is not. */
+static void test_ipv6_counts_by_64(void)
+{
+    struct server_strangers *t = server_strangers_new(16, 2);
+    struct end e[4];
+    struct server_peer p = {{0x20, 0x01, 0x0d, 0xb8}};
+    for (int i = 0; i < 4; i++) {
+        CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, e[i].fds) == 0, "socketpair");
+        p.addr[15] = (uint8_t)(i + 1);          /* another host part each time */
+        p.addr[7] = i == 3;                     /* the last in another /64 */
+        enum server_stranger_take want = i == 2 ? STRANGER_REFUSED : STRANGER_TAKEN;
+        CHECK_EQ(server_strangers_take(t, &e[i].who, &p, e[i].fds[0]), want);
+    }
+    for (int i = 0; i < 4; i++)
+        hang_up(t, &e[i]);
+    CHECK_EQ(server_strangers_count(t), 0u);
+    server_strangers_free(t);
+}
+
 int main(void)
 {
     RUN(test_per_address_cap);
     RUN(test_full_budget_evens_addresses_out);
+    RUN(test_ipv6_counts_by_64);
     return check_done("test_strangers");
 }
