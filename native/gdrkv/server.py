@@ -143,7 +143,11 @@ class Server:
 
     auth_token_file: serve only clients that prove they hold the secret in
     this file (mode 0600; docs/protocol.md). A listen address other hosts
-    can reach needs one, or insecure_no_auth=True.
+    can reach needs one, or insecure_no_auth=True. Until it authenticates
+    a tcp connection holds none of max_connections but one of
+    max_unauthenticated (at most max_unauthenticated_per_peer from one IP
+    address; when they are full the address with most gives up its oldest),
+    and is closed auth_timeout_ms after it opened.
 
     close() drains: no new connections, the frames in flight finish (for at
     most drain_timeout_ms), then every connection is closed.
@@ -153,8 +157,13 @@ class Server:
     awake; "auto" is 1000 on hosts of 8 CPUs or more and 0 (off) below,
     where the polling worker would take the client's core.
 
-    metrics_listen ("host:port"): serve the counters in the Prometheus text
-    format at http://host:port/metrics (metrics() returns the same text).
+    metrics_listen ("host:port", or a port alone for 127.0.0.1): serve the
+    counters in the Prometheus text format at http://host:port/metrics
+    (metrics() returns the same text). metrics_token_file: answer only
+    requests carrying "Authorization: Bearer" and the secret in this file
+    (mode 0600; Prometheus' authorization credentials_file), 401 others.
+    metrics_namespaces: the namespaces with most bytes that get series of
+    their own; the others are summed in gdrkv_namespace_others_*.
     """
 
     def __init__(self, listen="127.0.0.1:0", **options):

@@ -54,8 +54,12 @@ typedef struct gdrkv_server_opts {
     uint32_t max_connections;   /* tcp connections; as many again for local (unix) ones */
     uint32_t max_connections_per_peer; /* tcp connections from one IP address */
     uint32_t idle_timeout_ms;   /* a connection with no frame for this long is closed
-                                   (clients reconnect); one not yet authenticated
-                                   gets stall_timeout_ms */
+                                   (clients reconnect) */
+    uint32_t auth_timeout_ms;   /* with a token: a connection not authenticated this
+                                   long after accept is closed */
+    uint32_t max_unauthenticated; /* with a token: tcp connections before AUTH, apart
+                                   from max_connections (docs/operations.md) */
+    uint32_t max_unauthenticated_per_peer; /* ... of them from one IP address */
     uint64_t max_buffered_bytes;/* request bodies buffered over all connections; a
                                    frame that would pass it waits (back-pressure) */
     const char *unix_path;      /* socket of the shm transport for local clients;
@@ -72,8 +76,13 @@ typedef struct gdrkv_server_opts {
                                    a token (refused otherwise) */
     uint32_t drain_timeout_ms;  /* at stop, frames in flight may finish for this
                                    long (no new connections meanwhile) */
-    const char *metrics_listen; /* "host:port" of an HTTP endpoint serving GET
-                                   /metrics (Prometheus text); NULL = none */
+    const char *metrics_listen; /* "host:port" (or a port: loopback) of an HTTP
+                                   endpoint serving GET /metrics (Prometheus
+                                   text); NULL = none */
+    const char *metrics_token_file; /* /metrics wants "Authorization: Bearer" and
+                                   the secret in this file (mode 600); NULL = none */
+    uint32_t metrics_namespaces; /* namespaces with series of their own in /metrics
+                                   (those with most bytes); the rest are summed */
     uint64_t shm_staging_bytes; /* each local connection's staging memfd, where
                                    its PUT values go (docs/transports.md); larger
                                    frames, and all with 0, go on the socket */

@@ -26,6 +26,7 @@
 #include "server_metrics.h"
 #include "server_options.h"
 #include "server_peers.h"
+#include "server_strangers.h"
 #include "server_rdma.h"
 #include "server_state.h"
 #include "server_stats.h"
@@ -164,6 +165,7 @@ static void server_free(struct gdrkv_server *s)
         store_close(s->store);
     server_peers_free(s->peers);
     server_pins_free(s->pins);
+    server_strangers_free(s->strangers);
     free(s);
 }
 
@@ -193,7 +195,9 @@ static struct gdrkv_server *server_new(const gdrkv_server_opts *opts, char *err,
         return NULL;
     }
     s->peers = server_peers_new(opts->max_connections, opts->max_connections_per_peer);
-    if (!s->peers) {
+    s->strangers = server_strangers_new(opts->max_unauthenticated,
+                                        opts->max_unauthenticated_per_peer);
+    if (!s->peers || !s->strangers) {
         snprintf(err, errlen, "out of memory");
         server_free(s);
         return NULL;
@@ -313,15 +317,24 @@ static int open_listeners(struct gdrkv_server *s, const gdrkv_server_opts *opts,
 static int start_metrics(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
                          size_t errlen)
 {
+    const char *given = opts->metrics_listen;
+    char loopback[300];
     struct gk_addr addr;
 
-    if (!opts->metrics_listen || !*opts->metrics_listen)
+    if (!given || !*given)
         return 0;
-    if (gk_parse_addr(opts->metrics_listen, 0, &addr) < 0) {
-        snprintf(err, errlen, "metrics_listen must be host:port, not %s", opts->metrics_listen);
+    /* A port alone (9480 or :9480) listens on loopback: other hosts only
+     * when told so. */
+    if (given[0] == ':' || strspn(given, "0123456789") == strlen(given)) {
+        snprintf(loopback, sizeof loopback, "127.0.0.1:%s", given + (given[0] == ':'));
+        given = loopback;
+    }
+    if (gk_parse_addr(given, 0, &addr) < 0) {
+        snprintf(err, errlen, "metrics_listen must be host:port or a port, not %s",
+                 opts->metrics_listen);
         return GDRKV_E_INVALID;
     }
-    return server_metrics_start(s, &addr, err, errlen);
+    return server_metrics_start(s, &addr, opts->metrics_token_file, err, errlen);
 }
 
 /* The staged-copy helpers, then the workers and their threads. */

@@ -29,6 +29,7 @@
 #include "server_reply.h"
 #include "server_state.h"
 #include "server_stats.h"
+#include "server_strangers.h"
 
 /* Steps one event may run before the worker moves on to other connections. */
 #define CONN_STEPS_PER_EVENT 64
@@ -59,9 +60,24 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
     c->staging.fd = -1;
     c->auth = w->server->token.len ? CONN_AUTH_NONE : CONN_AUTH_DONE;
     c->events = EPOLLIN;
-    c->last_progress_ns = c->opened_ns = gk_now_ns();
+    c->last_progress_ns = c->opened_ns = c->accepted_ns = gk_now_ns();
+    c->slot = CONN_SLOT_CLIENT;
+    if (!server_conn_slot_at_accept(w->server, local)) {
+        enum server_stranger_take got = server_strangers_take(w->server->strangers,
+                                                              &c->stranger, peer, fd);
+        if (got == STRANGER_REFUSED) {
+            gk_counter_add(&w->counters.unauthenticated_refused, 1);
+            GK_DEBUG("connection refused: max_unauthenticated or its peer's share reached");
+            free(c);
+            return -2;
+        }
+        gk_counter_add(&w->counters.unauthenticated_evicted, got == STRANGER_TAKEN_EVICTING);
+        c->slot = CONN_SLOT_STRANGER;
+    }
     struct epoll_event ev = {.events = c->events, .data.ptr = c};
     if (epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        if (c->slot == CONN_SLOT_STRANGER)
+            server_strangers_give(w->server->strangers, &c->stranger);
         free(c);
         return -1;
     }
@@ -85,6 +101,9 @@ void server_conn_close(struct server_conn *c)
     server_ops_release(c);
     server_disk_release(c->disk_frame);
     server_staging_close(&c->staging);
+    /* The stranger's slot first: past it nobody else shuts this fd down. */
+    if (c->slot == CONN_SLOT_STRANGER)
+        server_strangers_give(w->server->strangers, &c->stranger);
     close(c->fd);
     if (c->prev)
         c->prev->next = c->next;
@@ -93,7 +112,8 @@ void server_conn_close(struct server_conn *c)
     if (c->next)
         c->next->prev = c->prev;
     /* Gives back the slots the worker took for this connection at accept. */
-    server_conn_slot_give(w->server, c->local, &c->peer);
+    if (c->slot == CONN_SLOT_CLIENT)
+        server_conn_slot_give(w->server, c->local, &c->peer);
     if (c->local)
         server_pins_leave(w->server->pins, c->pid);
     __atomic_fetch_sub(&w->server->buffered_bytes, c->body_cap, __ATOMIC_RELAXED);
@@ -101,6 +121,48 @@ void server_conn_close(struct server_conn *c)
     free(c->out);
     free(c->batch.entries);
     free(c);
+}
+
+int server_conn_slot_at_accept(const struct gdrkv_server *s, int local)
+{
+    return local || !s->token.len;
+}
+
+/* One of max_connections, counted apart for local and tcp clients so a tcp
+ * flood can't lock the local engines out, and for tcp one of its peer's
+ * max_connections_per_peer, so no one host takes them all. */
+int server_conn_slot_take(struct server_worker *w, int local, const struct server_peer *peer)
+{
+    struct gdrkv_server *s = w->server;
+    uint32_t *open = local ? &s->local_connections : &s->connections;
+
+    if (__atomic_fetch_add(open, 1, __ATOMIC_RELAXED) >= s->opts.max_connections) {
+        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
+        gk_counter_add(&w->counters.connections_rejected, 1);
+        GK_DEBUG("%s connection refused: max_connections %u reached", local ? "unix" : "tcp",
+                 s->opts.max_connections);
+        return -1;
+    }
+    if (!local && server_peers_take(s->peers, peer) < 0) {
+        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
+        gk_counter_add(&w->counters.connections_rejected, 1);
+        gk_counter_add(&w->counters.connections_rejected_peer, 1);
+        GK_DEBUG("connection refused: its peer has max_connections_per_peer open");
+        return -1;
+    }
+    return 0;
+}
+
+int server_conn_authenticated(struct server_conn *c)
+{
+    if (c->slot != CONN_SLOT_STRANGER)
+        return 0;
+    server_strangers_give(c->worker->server->strangers, &c->stranger);
+    c->slot = CONN_SLOT_NONE;
+    if (server_conn_slot_take(c->worker, c->local, &c->peer) < 0)
+        return -1;
+    c->slot = CONN_SLOT_CLIENT;
+    return 0;
 }
 
 void server_conn_slot_give(struct gdrkv_server *s, int local, const struct server_peer *peer)
@@ -130,13 +192,14 @@ enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64
         return CONN_OVERDUE_ANSWER;
     if (c->request_deadline_ns && now_ns >= c->request_deadline_ns)
         return CONN_OVERDUE_REQUEST;
+    /* A stranger has auth_timeout_ms from accept to prove it holds the
+     * token, however its bytes come. */
+    if (c->auth != CONN_AUTH_DONE &&
+        now_ns - c->accepted_ns >= (uint64_t)s->opts.auth_timeout_ms * 1000000ull)
+        return CONN_OVERDUE_AUTH;
     if (!between_frames && c->state != CONN_WAIT_BUFFER && now_ns - c->last_progress_ns >= stall_ns)
         return CONN_OVERDUE_STALLED;
-    /* A stranger gets the stall timeout to authenticate, a client the
-     * idle timeout between frames. */
-    uint64_t idle_ns = c->auth == CONN_AUTH_DONE ? (uint64_t)s->opts.idle_timeout_ms * 1000000ull
-                                                 : stall_ns;
-    if (between_frames && now_ns - c->opened_ns >= idle_ns)
+    if (between_frames && now_ns - c->opened_ns >= (uint64_t)s->opts.idle_timeout_ms * 1000000ull)
         return CONN_OVERDUE_IDLE;
     return CONN_OVERDUE_NO;
 }

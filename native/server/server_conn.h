@@ -19,12 +19,24 @@ struct server_conn;
 struct disk_frame;
 struct server_worker;
 
-/* Takes over an accepted socket and the slots accept took for it (a local
- * one, or a tcp one and peer's). Returns 0, or -1 with fd and the slots
- * left to the caller. */
-int server_conn_open(struct server_worker *w, int fd, int local, const struct server_peer *peer);
-/* Gives back the slots accept took for a connection. */
+/* Whether accept takes a connection's slots (server_conn_slot_take): for
+ * every connection but a tcp one to a server with a token, which holds a
+ * stranger's slot until AUTH (server_strangers.h) and takes them then. */
+int server_conn_slot_at_accept(const struct gdrkv_server *s, int local);
+/* Takes a connection's slots: one of max_connections (local and tcp
+ * apart) and, for tcp, one of its peer's. 0, or -1 (counted as refused). */
+int server_conn_slot_take(struct server_worker *w, int local, const struct server_peer *peer);
+/* Gives back the slots server_conn_slot_take took. */
 void server_conn_slot_give(struct gdrkv_server *s, int local, const struct server_peer *peer);
+/* Takes over an accepted socket and the slots accept took for it, or takes
+ * a stranger's slot for it. Returns 0; -2 when no stranger's slot is to be
+ * had, -1 on a failure; then fd and the slots accept took are the
+ * caller's. */
+int server_conn_open(struct server_worker *w, int fd, int local, const struct server_peer *peer);
+/* AUTH succeeded: c trades its stranger's slot for a client's. 0, or -1
+ * when max_connections or its peer's share is full (c holds no slot then
+ * and must end). */
+int server_conn_authenticated(struct server_conn *c);
 /* Runs the state machine as far as the socket allows (bounded, so one busy
  * client can't starve the others); may close and free c. A connection
  * stopped by the bound is marked runnable (and its worker too): the worker
@@ -41,7 +53,8 @@ enum server_conn_overdue {
     CONN_OVERDUE_STALLED,   /* mid-frame, no byte moved for stall_timeout_ms */
     CONN_OVERDUE_REQUEST,   /* the request is not in by its deadline (size-scaled) */
     CONN_OVERDUE_ANSWER,    /* a tcp GET's pinned values not read by theirs */
-    CONN_OVERDUE_IDLE       /* no frame for idle_timeout_ms (stall_timeout_ms before AUTH) */
+    CONN_OVERDUE_IDLE,      /* no frame for idle_timeout_ms */
+    CONN_OVERDUE_AUTH       /* not authenticated auth_timeout_ms after accept */
 };
 enum server_conn_overdue server_conn_overdue(const struct server_conn *c, uint64_t now_ns);
 /* Releases what the frame holds in the store, closes and frees c. */

@@ -1,5 +1,9 @@
 /*
- * server_metrics.c - see server_metrics.h.
+ * server_metrics.c - the /metrics endpoint (server_metrics.h): one thread
+ * that multiplexes up to METRICS_SCRAPERS_MAX scrapers with poll, each
+ * with a deadline for its whole request and one for its whole answer, so
+ * a peer that trickles or stalls holds only its own slot, and only until
+ * its deadline.
  */
 #include "server_metrics.h"
 
@@ -9,320 +13,235 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "common/common.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "rdma/rdma_dev.h"
-#include "server_rdma.h"
+#include "common/stats.h"
+#include "server_metrics_http.h"
 #include "server_state.h"
-#include "server_stats.h"
-#include "store/store.h"
 
-/* ------------------------------------------------------------ the text */
+/* Room for the answer's head, in front of its body in the same buffer. */
+#define METRICS_HEAD_ROOM 256
 
-static void metric(struct gk_text *t, const char *name, const char *type, const char *help,
-                   uint64_t value)
-{
-    gk_text_printf(t, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name,
-                   (unsigned long long)value);
-}
-
-static void store_metric(struct gk_text *t, const char *field, const char *kind,
-                         const char *help, uint64_t value)
-{
-    char name[96];
-    int counter = !strcmp(kind, "COUNTER");
-    snprintf(name, sizeof name, "gdrkv_store_%s%s", field, counter ? "_total" : "");
-    metric(t, name, counter ? "counter" : "gauge", help, value);
-}
-
-/* The ops' latency histograms: bucket b of gk_latency holds [2^(b-1),
- * 2^b) microseconds, so its cumulative count is the one of le=2^b us. */
-static void latency_histograms(struct gk_text *t, const struct server_counters *sum)
-{
-    gk_text_printf(t, "# HELP gdrkv_op_duration_seconds time from a request's header to "
-                      "its answer being written\n# TYPE gdrkv_op_duration_seconds histogram\n");
-    for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
-        const struct gk_latency *l = &sum->latency[op];
-        uint64_t cumulative = 0;
-        for (int b = 0; b < GK_LAT_BUCKETS; b++) {
-            cumulative += l->buckets[b];
-            gk_text_printf(t, "gdrkv_op_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
-                           gk_op_name(op), (double)(1ull << b) / 1e6,
-                           (unsigned long long)cumulative);
-        }
-        gk_text_printf(t, "gdrkv_op_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n"
-                          "gdrkv_op_duration_seconds_sum{op=\"%s\"} %g\n"
-                          "gdrkv_op_duration_seconds_count{op=\"%s\"} %llu\n",
-                       gk_op_name(op), (unsigned long long)l->count, gk_op_name(op),
-                       (double)l->sum_us / 1e6, gk_op_name(op), (unsigned long long)l->count);
-    }
-}
-
-/* Per-namespace usage: a namespace's name is client bytes, so in a label
- * it is percent-encoded past printable ASCII, and for the quote, the
- * backslash and the percent sign. */
-struct ns_lines {
-    struct gk_text *objects, *bytes;
+struct scraper {
+    int fd;                         /* -1: the slot is free */
+    uint64_t deadline_ns;           /* the request, then the answer, must be done by then */
+    size_t got;                     /* request bytes read */
+    char *buf;                      /* the answer: head + body, from out */
+    const char *out;
+    size_t out_len, out_sent;       /* out_len 0: still reading the request */
+    char req[METRICS_REQUEST_MAX];
 };
-
-static void label_value(char *out, size_t cap, const uint8_t *name, uint32_t len)
-{
-    size_t o = 0;
-    for (uint32_t i = 0; i < len && o + 4 < cap; i++) {
-        uint8_t ch = name[i];
-        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\' && ch != '%')
-            out[o++] = (char)ch;
-        else
-            o += (size_t)snprintf(out + o, cap - o, "%%%02X", ch);
-    }
-    out[o] = '\0';
-}
-
-static void namespace_lines(void *arg, const uint8_t *name, uint32_t len, uint64_t objects,
-                            uint64_t bytes)
-{
-    struct ns_lines *lines = arg;
-    char label[3 * GK_MAX_NS_LEN + 1];
-    label_value(label, sizeof label, name, len);
-    gk_text_printf(lines->objects, "gdrkv_namespace_objects{namespace=\"%s\"} %llu\n", label,
-                   (unsigned long long)objects);
-    gk_text_printf(lines->bytes, "gdrkv_namespace_bytes{namespace=\"%s\"} %llu\n", label,
-                   (unsigned long long)bytes);
-}
-
-/* The namespaces' objects, then their bytes: each metric's lines stay
- * together, as the format wants, from one walk under the lock. */
-static void namespace_metrics(struct gdrkv_server *s, struct gk_text *t)
-{
-    char *bytes_buf = malloc(METRICS_NS_TEXT_MAX);
-    if (!bytes_buf)
-        return;
-    struct gk_text bytes_text;
-    gk_text_init(&bytes_text, bytes_buf, METRICS_NS_TEXT_MAX);
-    struct ns_lines lines = {.objects = t, .bytes = &bytes_text};
-    gk_text_printf(t, "# HELP gdrkv_namespace_objects committed objects, by namespace "
-                      "(the first %u)\n# TYPE gdrkv_namespace_objects gauge\n",
-                   METRICS_NAMESPACES_MAX);
-    store_each_namespace(s->store, METRICS_NAMESPACES_MAX, namespace_lines, &lines);
-    gk_text_printf(t, "# HELP gdrkv_namespace_bytes committed bytes, by namespace\n"
-                      "# TYPE gdrkv_namespace_bytes gauge\n%.*s",
-                   gk_text_finish(&bytes_text), bytes_buf);
-    free(bytes_buf);
-}
-
-/* The NICs' own counters (sysfs; rdma_port_counters), one family at a
- * time since each family's lines must stay together: the data words as
- * bytes, then every other counter under its sysfs name. */
-enum nic_family { NIC_RECEIVED, NIC_SENT, NIC_OTHER };
-
-struct nic_lines {
-    struct gk_text *t;
-    enum nic_family family;
-};
-
-static void nic_line(void *arg, const char *device, int port, const char *group,
-                     const char *name, uint64_t value)
-{
-    struct nic_lines *l = arg;
-    int received = !strcmp(name, "port_rcv_data"), sent = !strcmp(name, "port_xmit_data");
-    const char *metric = l->family == NIC_RECEIVED ? "gdrkv_nic_received_bytes_total"
-                         : l->family == NIC_SENT   ? "gdrkv_nic_sent_bytes_total"
-                                                   : "gdrkv_nic_counter_total";
-    if (l->family == NIC_OTHER && !received && !sent)
-        gk_text_printf(l->t, "%s{device=\"%s\",port=\"%d\",group=\"%s\",counter=\"%s\"} %llu\n",
-                       metric, device, port, group, name, (unsigned long long)value);
-    else if ((l->family == NIC_RECEIVED && received) || (l->family == NIC_SENT && sent))
-        gk_text_printf(l->t, "%s{device=\"%s\",port=\"%d\"} %llu\n", metric, device, port,
-                       (unsigned long long)value * 4);     /* 4-byte words */
-}
-
-static void nic_metrics(struct gk_text *t)
-{
-    static const char *const heads[] = {
-        "# HELP gdrkv_nic_received_bytes_total bytes the RDMA port received (all traffic)\n"
-        "# TYPE gdrkv_nic_received_bytes_total counter\n",
-        "# HELP gdrkv_nic_sent_bytes_total bytes the RDMA port sent (all traffic)\n"
-        "# TYPE gdrkv_nic_sent_bytes_total counter\n",
-        "# HELP gdrkv_nic_counter_total the RDMA port's other counters, by sysfs name\n"
-        "# TYPE gdrkv_nic_counter_total counter\n",
-    };
-    for (int family = NIC_RECEIVED; family <= NIC_OTHER; family++) {
-        struct nic_lines lines = {.t = t, .family = (enum nic_family)family};
-        gk_text_printf(t, "%s", heads[family]);
-        rdma_port_counters(nic_line, &lines);
-    }
-}
-
-/* The rdma figures come as "name value" lines (server_rdma_stats): each
- * becomes gdrkv_<name>, a gauge. */
-static void rdma_metrics(struct gdrkv_server *s, struct gk_text *t)
-{
-    char lines[4096], name[96];
-    unsigned long long value;
-    struct gk_text r;
-    int used;
-
-    gk_text_init(&r, lines, sizeof lines);
-    server_rdma_stats(s, &r);
-    gk_text_finish(&r);
-    for (const char *p = lines; sscanf(p, "%63s %llu%n", name + 6, &value, &used) == 2;
-         p += used) {
-        memcpy(name, "gdrkv_", 6);
-        gk_text_printf(t, "# TYPE %s gauge\n%s %llu\n", name, name, value);
-    }
-}
-
-void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
-{
-    struct store_stats st;
-    struct server_counters sum;
-
-    store_get_stats(s->store, &st);
-    server_stats_sum(s, &sum);
-#define STORE_METRIC(field, kind, help) store_metric(t, #field, #kind, help, st.field);
-    STORE_STATS(STORE_METRIC)
-#undef STORE_METRIC
-#define COUNTER_METRIC(field, name, help) \
-    metric(t, "gdrkv_" #name "_total", "counter", help, sum.field);
-    SERVER_COUNTERS(COUNTER_METRIC)
-#undef COUNTER_METRIC
-    gk_text_printf(t, "# HELP gdrkv_connections_open connections open now\n"
-                      "# TYPE gdrkv_connections_open gauge\n"
-                      "gdrkv_connections_open{transport=\"tcp\"} %u\n"
-                      "gdrkv_connections_open{transport=\"unix\"} %u\n",
-                   __atomic_load_n(&s->connections, __ATOMIC_RELAXED),
-                   __atomic_load_n(&s->local_connections, __ATOMIC_RELAXED));
-    metric(t, "gdrkv_buffered_request_bytes", "gauge", "request bodies buffered now",
-           __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
-    metric(t, "gdrkv_uptime_seconds", "gauge", "seconds since the server started",
-           (gk_now_ns() - s->started_ns) / 1000000000ull);
-    metric(t, "gdrkv_shm_enabled", "gauge", "whether local clients get the pool (0 or 1)",
-           (uint64_t)(s->unix_fd >= 0));
-    struct server_pins_totals pins;
-    server_pins_totals(s->pins, &pins);
-    metric(t, "gdrkv_client_pinned_bytes", "gauge",
-           "bytes of the pool local client processes report registered with CUDA", pins.bytes);
-    metric(t, "gdrkv_client_pinned_max_process_bytes", "gauge",
-           "the most one client process reports pinned", pins.max_process_bytes);
-    metric(t, "gdrkv_client_pinning_processes", "gauge",
-           "client processes that report bytes pinned", pins.processes);
-    gk_text_printf(t, "# HELP gdrkv_ops_total frames answered, by op\n"
-                      "# TYPE gdrkv_ops_total counter\n");
-    for (uint8_t op = 1; op <= GK_OP_MAX; op++)
-        gk_text_printf(t, "gdrkv_ops_total{op=\"%s\"} %llu\n", gk_op_name(op),
-                       (unsigned long long)sum.ops[op]);
-    gk_text_printf(t, "# HELP gdrkv_keys_total keys in the frames answered, by op\n"
-                      "# TYPE gdrkv_keys_total counter\n");
-    for (uint8_t op = 1; op <= GK_OP_MAX; op++)
-        gk_text_printf(t, "gdrkv_keys_total{op=\"%s\"} %llu\n", gk_op_name(op),
-                       (unsigned long long)sum.keys[op]);
-    latency_histograms(t, &sum);
-    namespace_metrics(s, t);
-    rdma_metrics(s, t);
-    nic_metrics(t);
-}
-
-/* ------------------------------------------------------------ the endpoint */
 
 struct server_metrics {
     int listen_fd;
     pthread_t thread;
-    char *text;
+    struct gk_token token;          /* len 0: no token wanted */
+    struct scraper scrapers[METRICS_SCRAPERS_MAX];
 };
 
-/* Reads the request head (bounded in size and time) and answers it. */
-static void serve_scrape(struct gdrkv_server *s, int fd)
+static void scraper_end(struct scraper *sc)
 {
-    struct timeval tv = {.tv_sec = METRICS_IO_TIMEOUT_MS / 1000,
-                         .tv_usec = METRICS_IO_TIMEOUT_MS % 1000 * 1000};
-    char req[2048];
-    size_t got = 0;
+    close(sc->fd);
+    free(sc->buf);
+    sc->fd = -1;
+    sc->buf = NULL;
+}
 
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    while (got < sizeof req - 1) {
-        ssize_t n = recv(fd, req + got, sizeof req - 1 - got, 0);
-        if (n <= 0)
-            return;
-        got += (size_t)n;
-        req[got] = '\0';
-        if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n"))
-            break;
-    }
-    req[got] = '\0';
-    const char *status = "404 Not Found", *type = "text/plain";
+/* The text's room: the fixed series, then two lines per namespace. */
+static size_t text_room(const struct gdrkv_server *s)
+{
+    return METRICS_FIXED_TEXT_MAX +
+           (size_t)s->opts.metrics_namespaces * 2 * (METRICS_LABEL_MAX + 64);
+}
+
+/* Builds the answer to what the request asked for; 0 or -1 (no memory). */
+static int answer(struct gdrkv_server *s, struct scraper *sc, enum metrics_request what)
+{
+    static const char *const status[] = {
+        [METRICS_REQ_METRICS] = "200 OK",
+        [METRICS_REQ_NOT_FOUND] = "404 Not Found",
+        [METRICS_REQ_UNAUTHORIZED] = "401 Unauthorized",
+        [METRICS_REQ_BAD] = "400 Bad Request",
+    };
+    size_t room = what == METRICS_REQ_METRICS ? text_room(s) : 256;
+    if (!(sc->buf = malloc(METRICS_HEAD_ROOM + room)))
+        return -1;
     struct gk_text t;
-    gk_text_init(&t, s->metrics->text, METRICS_TEXT_MAX);
-    if (!strncmp(req, "GET /metrics ", 13) || !strncmp(req, "GET /metrics?", 13)) {
-        status = "200 OK";
-        type = "text/plain; version=0.0.4; charset=utf-8";
+    gk_text_init(&t, sc->buf + METRICS_HEAD_ROOM, room);
+    if (what == METRICS_REQ_METRICS)
         server_metrics_text(s, &t);
-    } else {
+    else if (what == METRICS_REQ_NOT_FOUND)
         gk_text_printf(&t, "gdrkv serves its metrics at /metrics\n");
-    }
+    else if (what == METRICS_REQ_UNAUTHORIZED)
+        gk_text_printf(&t, "this endpoint wants its token: Authorization: Bearer <token>\n");
+    else
+        gk_text_printf(&t, "not an HTTP request for /metrics\n");
     int len = gk_text_finish(&t);
-    char head[256];
+    char head[METRICS_HEAD_ROOM];
     int hlen = snprintf(head, sizeof head,
-                        "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                        "Connection: close\r\n\r\n", status, type, len);
-    if (send(fd, head, (size_t)hlen, MSG_NOSIGNAL) == hlen)
-        for (int sent = 0, n; sent < len; sent += n)
-            if ((n = (int)send(fd, s->metrics->text + sent, (size_t)(len - sent), MSG_NOSIGNAL)) <= 0)
-                break;
+                        "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s"
+                        "Connection: close\r\n\r\n", status[what],
+                        what == METRICS_REQ_METRICS ? "text/plain; version=0.0.4; charset=utf-8"
+                                                    : "text/plain",
+                        len, what == METRICS_REQ_UNAUTHORIZED ? "WWW-Authenticate: Bearer\r\n" : "");
+    char *start = sc->buf + METRICS_HEAD_ROOM - hlen;
+    memcpy(start, head, (size_t)hlen);
+    sc->out = start;
+    sc->out_len = (size_t)hlen + (size_t)len;
+    sc->out_sent = 0;
+    sc->deadline_ns = gk_now_ns() + METRICS_ANSWER_TIMEOUT_MS * 1000000ull;
+    return 0;
+}
+
+/* Moves sc on as far as its socket allows; ends it when done or broken. */
+static void scraper_step(struct gdrkv_server *s, struct scraper *sc)
+{
+    if (sc->out_len == 0) {
+        ssize_t n = recv(sc->fd, sc->req + sc->got, sizeof sc->req - sc->got, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            scraper_end(sc);
+            return;
+        }
+        if (n < 0)
+            return;
+        sc->got += (size_t)n;
+        enum metrics_request what = metrics_parse_request(sc->req, sc->got, &s->metrics->token);
+        if (what == METRICS_REQ_INCOMPLETE)
+            return;
+        if (answer(s, sc, what) < 0) {
+            scraper_end(sc);
+            return;
+        }
+    }
+    while (sc->out_sent < sc->out_len) {
+        ssize_t n = send(sc->fd, sc->out + sc->out_sent, sc->out_len - sc->out_sent,
+                         MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n <= 0)
+            break;
+        sc->out_sent += (size_t)n;
+    }
+    scraper_end(sc);
+}
+
+static void accept_scrapers(struct server_metrics *m)
+{
+    for (int i = 0; i < METRICS_SCRAPERS_MAX; i++) {
+        struct scraper *sc = &m->scrapers[i];
+        if (sc->fd >= 0)
+            continue;
+        int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        *sc = (struct scraper){.fd = fd,
+                               .deadline_ns = gk_now_ns() + METRICS_REQUEST_TIMEOUT_MS * 1000000ull};
+    }
+}
+
+/* Poll's timeout: until the nearest deadline, or none. */
+static int wait_ms(const struct server_metrics *m, uint64_t now)
+{
+    uint64_t nearest = UINT64_MAX;
+    for (int i = 0; i < METRICS_SCRAPERS_MAX; i++)
+        if (m->scrapers[i].fd >= 0 && m->scrapers[i].deadline_ns < nearest)
+            nearest = m->scrapers[i].deadline_ns;
+    if (nearest == UINT64_MAX)
+        return -1;
+    return nearest <= now ? 0 : (int)((nearest - now + 999999) / 1000000);
 }
 
 static void *metrics_main(void *arg)
 {
     struct gdrkv_server *s = arg;
-    struct pollfd fds[2] = {{.fd = s->metrics->listen_fd, .events = POLLIN},
-                            {.fd = s->wake_fd, .events = POLLIN}};
+    struct server_metrics *m = s->metrics;
+    struct pollfd fds[2 + METRICS_SCRAPERS_MAX];
+    int slot_of[2 + METRICS_SCRAPERS_MAX];
+
     for (;;) {
-        if (poll(fds, 2, -1) < 0 && errno != EINTR)
-            break;
-        if (fds[1].revents)
-            break;
-        if (!(fds[0].revents & POLLIN))
-            continue;
-        int fd = accept4(s->metrics->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-            serve_scrape(s, fd);
-            close(fd);
+        int n = 0, busy = 0;
+        fds[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+        for (int i = 0; i < METRICS_SCRAPERS_MAX; i++) {
+            struct scraper *sc = &m->scrapers[i];
+            if (sc->fd < 0)
+                continue;
+            busy++;
+            slot_of[n] = i;
+            fds[n++] = (struct pollfd){.fd = sc->fd, .events = sc->out_len ? POLLOUT : POLLIN};
         }
+        int listening = busy < METRICS_SCRAPERS_MAX;
+        if (listening)
+            fds[n++] = (struct pollfd){.fd = m->listen_fd, .events = POLLIN};
+        if (poll(fds, (nfds_t)n, wait_ms(m, gk_now_ns())) < 0 && errno != EINTR)
+            break;
+        if (fds[0].revents)
+            break;
+        for (int k = 1; k < n - listening; k++)
+            if (fds[k].revents)
+                scraper_step(s, &m->scrapers[slot_of[k]]);
+        uint64_t now = gk_now_ns();
+        for (int i = 0; i < METRICS_SCRAPERS_MAX; i++)
+            if (m->scrapers[i].fd >= 0 && now >= m->scrapers[i].deadline_ns) {
+                GK_DEBUG("metrics: a scraper past its deadline, closed");
+                scraper_end(&m->scrapers[i]);
+            }
+        if (listening && (fds[n - 1].revents & POLLIN))
+            accept_scrapers(m);
     }
     return NULL;
 }
 
-int server_metrics_start(struct gdrkv_server *s, const struct gk_addr *addr, char *err,
-                         size_t errlen)
+static void metrics_free(struct server_metrics *m)
+{
+    for (int i = 0; i < METRICS_SCRAPERS_MAX; i++)
+        if (m->scrapers[i].fd >= 0)
+            scraper_end(&m->scrapers[i]);
+    if (m->listen_fd >= 0)
+        close(m->listen_fd);
+    free(m);
+}
+
+int server_metrics_start(struct gdrkv_server *s, const struct gk_addr *addr,
+                         const char *token_file, char *err, size_t errlen)
 {
     struct server_metrics *m = calloc(1, sizeof *m);
-    if (!m || !(m->text = malloc(METRICS_TEXT_MAX))) {
-        free(m);
+    if (!m) {
         snprintf(err, errlen, "out of memory");
         return GDRKV_E_INTERNAL;
     }
-    m->listen_fd = gk_listen_tcp(addr, 16, err, errlen);
+    for (int i = 0; i < METRICS_SCRAPERS_MAX; i++)
+        m->scrapers[i].fd = -1;
+    m->listen_fd = -1;
+    if (token_file && *token_file) {
+        int rc = gk_token_load(token_file, 1, &m->token, err, errlen);
+        if (rc) {
+            metrics_free(m);
+            return rc;
+        }
+    }
+    m->listen_fd = gk_listen_tcp(addr, 64, err, errlen);
     if (m->listen_fd < 0) {
         int rc = m->listen_fd;
-        free(m->text);
-        free(m);
+        m->listen_fd = -1;
+        metrics_free(m);
         return rc;
     }
     gk_sock_name(m->listen_fd, s->metrics_address, sizeof s->metrics_address);
     s->metrics = m;
     if (pthread_create(&m->thread, NULL, metrics_main, s) != 0) {
-        close(m->listen_fd);
-        free(m->text);
-        free(m);
+        metrics_free(m);
         s->metrics = NULL;
         snprintf(err, errlen, "cannot start the metrics thread");
         return GDRKV_E_INTERNAL;
     }
-    GK_INFO("metrics on http://%s/metrics", s->metrics_address);
+    if (!m->token.len && !gk_sock_is_loopback(m->listen_fd))
+        GK_WARN("metrics on http://%s/metrics without --metrics-token-file: anyone who "
+                "reaches it reads the counters and namespace names", s->metrics_address);
+    GK_INFO("metrics on http://%s/metrics%s", s->metrics_address,
+            m->token.len ? " (bearer token)" : "");
     return 0;
 }
 
@@ -332,8 +251,6 @@ void server_metrics_stop(struct gdrkv_server *s)
     if (!m)
         return;
     pthread_join(m->thread, NULL);      /* wake_fd is readable: stop has begun */
-    close(m->listen_fd);
-    free(m->text);
-    free(m);
+    metrics_free(m);
     s->metrics = NULL;
 }

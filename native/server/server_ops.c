@@ -11,6 +11,7 @@
 
 #include "common/common.h"
 #include "common/log.h"
+#include "server_conn.h"
 #include "server_rdma.h"
 #include "server_reply.h"
 #include "server_state.h"
@@ -496,6 +497,12 @@ static int op_auth(struct server_conn *c)
     }
     c->auth = CONN_AUTH_DONE;
     gk_counter_add(&counters->auth_ok, 1);
+    if (server_conn_authenticated(c) < 0) {
+        static const char msg[] = "the server is full: max_connections, or this address's "
+                                  "max_connections_per_peer, reached";
+        c->close_after_write = 1;
+        return server_reply_error(c, GDRKV_E_UNAVAILABLE, msg, sizeof msg - 1);
+    }
     return server_reply_status(c, 0);
 }
 

@@ -21,6 +21,8 @@
 #include "common/common.h"
 #include "common/net.h"
 #include "common/protocol.h"
+#include "server_metrics.h"
+#include "server_strangers.h"
 
 struct server_option {
     gdrkv_server_option about;
@@ -71,8 +73,15 @@ static const struct server_option options[] = {
     OPTION(max_connections_per_peer, max_connections_per_peer, int, 512,
            "tcp connections from one IP address"),
     OPTION(idle_timeout_ms, idle_timeout_ms, int, 300000,
-           "close connections without a frame for this long; clients reconnect (one not yet "
-           "authenticated gets stall_timeout_ms)"),
+           "close connections without a frame for this long; clients reconnect"),
+    OPTION(auth_timeout_ms, auth_timeout_ms, int, 1000,
+           "with --auth-token-file: close connections not authenticated this long after "
+           "they open"),
+    OPTION(max_unauthenticated, max_unauthenticated, int, 512,
+           "with --auth-token-file: tcp connections not yet authenticated, apart from "
+           "--max-connections (when full, the address with most gives up its oldest)"),
+    OPTION(max_unauthenticated_per_peer, max_unauthenticated_per_peer, int, 64,
+           "with --auth-token-file: of those, from one IP address"),
     OPTION(max_buffered, max_buffered_bytes, size, 256ull << 20,
            "request bodies buffered over all connections; bigger ones wait"),
     TEXT_OPTION(unix_path, NULL,
@@ -124,7 +133,14 @@ static const struct server_option options[] = {
     OPTION(drain_timeout_ms, drain_timeout_ms, int, 5000,
            "on stop (SIGTERM), let frames in flight finish this long, accepting nothing new"),
     TEXT_OPTION(metrics_listen, NULL,
-                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics"),
+                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics "
+                "(a port alone: on 127.0.0.1)"),
+    TEXT_OPTION(metrics_token_file, NULL,
+                "/metrics answers only requests with 'Authorization: Bearer' and the secret in "
+                "PATH (mode 600; Prometheus' authorization: credentials_file), 401 otherwise"),
+    OPTION(metrics_namespaces, metrics_namespaces, int, 100,
+           "namespaces with series of their own in /metrics, those with most bytes; the "
+           "others are summed in gdrkv_namespace_others_*"),
 };
 
 const gdrkv_server_option *gdrkv_server_option_at(uint32_t i)
@@ -204,6 +220,12 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "max_connections_per_peer must be > 0";
     if (o->idle_timeout_ms == 0)
         return "idle_timeout_ms must be > 0";
+    if (o->auth_timeout_ms == 0)
+        return "auth_timeout_ms must be > 0";
+    if (o->max_unauthenticated == 0 || o->max_unauthenticated > SERVER_STRANGERS_MAX)
+        return "max_unauthenticated must be 1 to 65536";
+    if (o->max_unauthenticated_per_peer == 0)
+        return "max_unauthenticated_per_peer must be > 0";
     if (o->max_buffered_bytes < GK_MAX_BODY)
         return "max_buffered_bytes must be at least 8MiB (one largest request body)";
     if (o->lease_timeout_ms == 0)
@@ -223,6 +245,8 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "disk_full_policy must be throttle or drop";
     if (o->disk_full_wait_ms == 0)
         return "disk_full_wait_ms must be > 0";
+    if (o->metrics_namespaces > METRICS_NAMESPACES_MAX)
+        return "metrics_namespaces must be at most 10000";
     if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         return "unix_path is too long for a unix socket";
     return NULL;
@@ -239,6 +263,9 @@ static const char *pairing_fault(const gdrkv_server_opts *o)
         return "disk and disk_size go together";
     if (o->reset_disk && !has_disk)
         return "reset_disk needs a disk";
+    if (o->metrics_token_file && *o->metrics_token_file &&
+        !(o->metrics_listen && *o->metrics_listen))
+        return "metrics_token_file needs a metrics_listen";
     return NULL;
 }
 

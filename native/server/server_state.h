@@ -37,6 +37,7 @@
 #include "server_peers.h"
 #include "server_pins.h"
 #include "server_staging.h"
+#include "server_strangers.h"
 
 struct disk_frame;
 struct server_disk;
@@ -58,7 +59,7 @@ struct store;
 /* Every plain counter of a worker, X(name, metric, what it counts): this
  * one list declares the fields, sums them over the workers and prints them
  * (server_stats.c) and exports them as gdrkv_<metric>_total
- * (server_metrics.c), so adding a counter is one line and the stats text,
+ * (server_metrics_text.c), so adding a counter is one line and the stats text,
  * `gdrkv stat` and the metrics can't drift apart. Per-op counters follow. */
 #define SERVER_COUNTERS(X)                                                                      \
     X(connections_total, connections, "connections accepted")                                   \
@@ -95,7 +96,12 @@ struct store;
     X(rdma_lease_bytes, rdma_leased_bytes, "object bytes they handed out for READs")            \
     X(rdma_reserved_bytes, rdma_reserved_bytes, "bytes RESERVE handed out for WRITEs")          \
     X(auth_ok, auth_ok, "connections that proved they hold the token")                          \
-    X(auth_denied, auth_denied, "frames refused: no or a wrong proof of the token")
+    X(auth_denied, auth_denied, "frames refused: no or a wrong proof of the token")             \
+    X(auth_timeouts, auth_timeouts, "connections closed unauthenticated after auth_timeout_ms") \
+    X(unauthenticated_refused, unauthenticated_refused,                                         \
+      "connections refused before AUTH: max_unauthenticated or its per-peer share full")        \
+    X(unauthenticated_evicted, unauthenticated_evicted,                                         \
+      "unauthenticated connections ended to make room for another address's")
 
 /* Written only by the worker that owns them, read by whoever asks for
  * stats: relaxed atomics on both sides, summed over workers at read time. */
@@ -162,6 +168,7 @@ struct gdrkv_server {
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
     struct server_pins *pins;       /* what local client processes pin of the pool */
+    struct server_strangers *strangers; /* tcp connections before AUTH (with a token) */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
@@ -243,6 +250,14 @@ enum server_conn_auth {
     CONN_AUTH_DONE          /* proven, or the server has no token */
 };
 
+/* Which budget a connection counts in (server_conn.h): max_connections
+ * and its peer's share, or the strangers' before AUTH (server_strangers.h). */
+enum server_conn_slot {
+    CONN_SLOT_NONE,         /* neither: AUTH found max_connections full; it ends */
+    CONN_SLOT_CLIENT,
+    CONN_SLOT_STRANGER
+};
+
 /* The per-key arrays of the frame in progress; they keep the largest size
  * seen so far (at most GK_MAX_KEYS entries). */
 struct server_batch {
@@ -301,6 +316,9 @@ struct server_conn {
     int hold_expired;               /* the last lease or reservation was dropped by the
                                        timeout: the RELEASE or COMMIT for it says so */
     enum server_conn_auth auth;
+    uint64_t accepted_ns;           /* AUTH must be done by auth_timeout_ms past it */
+    enum server_conn_slot slot;     /* which budget it counts in */
+    struct server_stranger stranger;/* CONN_SLOT_STRANGER: its place in that table */
     uint8_t client_nonce[GK_AUTH_NONCE_SIZE];  /* of the handshake in progress */
     uint8_t server_nonce[GK_AUTH_NONCE_SIZE];
     struct server_rdma_conn *rdma;  /* QPs, after RDMA_HELLO */

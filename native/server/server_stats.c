@@ -7,6 +7,7 @@
 #include "common/common.h"
 #include "server_rdma.h"
 #include "server_state.h"
+#include "server_strangers.h"
 #include "server_stats.h"
 #include "store/store.h"
 
@@ -57,6 +58,7 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     gk_text_u64(t, "connections_current", __atomic_load_n(&s->connections, __ATOMIC_RELAXED));
     gk_text_u64(t, "local_connections_current",
                 __atomic_load_n(&s->local_connections, __ATOMIC_RELAXED));
+    gk_text_u64(t, "unauthenticated_connections_current", server_strangers_count(s->strangers));
     gk_text_u64(t, "buffered_bytes", __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
     struct server_pins_totals pins;

@@ -124,40 +124,30 @@ int server_worker_init(struct server_worker *w, struct gdrkv_server *s)
     return 0;
 }
 
-/* The slots a new connection takes (server_conn_close gives them back):
- * one of max_connections, counted apart for local and tcp clients so a tcp
- * flood can't lock the local engines out, and for tcp one of its peer's
- * max_connections_per_peer, so no one host takes them all. */
+/* The slots a new connection takes at accept (server_conn.h), or for a
+ * stranger only its peer's address; 0 or -1 (refused). */
 static int take_slots(struct server_worker *w, int fd, int local, struct server_peer *peer)
 {
-    struct gdrkv_server *s = w->server;
-    uint32_t *open = local ? &s->local_connections : &s->connections;
-
-    if (__atomic_fetch_add(open, 1, __ATOMIC_RELAXED) >= s->opts.max_connections) {
-        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
+    if (!local && server_peer_of(fd, peer) < 0) {
         gk_counter_add(&w->counters.connections_rejected, 1);
-        GK_DEBUG("%s connection refused: max_connections %u reached", local ? "unix" : "tcp",
-                 s->opts.max_connections);
         return -1;
     }
-    if (!local && (server_peer_of(fd, peer) < 0 || server_peers_take(s->peers, peer) < 0)) {
-        __atomic_fetch_sub(open, 1, __ATOMIC_RELAXED);
-        gk_counter_add(&w->counters.connections_rejected, 1);
-        gk_counter_add(&w->counters.connections_rejected_peer, 1);
-        GK_DEBUG("connection refused: its peer has max_connections_per_peer open");
-        return -1;
-    }
-    return 0;
+    if (!server_conn_slot_at_accept(w->server, local))
+        return 0;
+    return server_conn_slot_take(w, local, peer);
 }
 
 /* Sets up an accepted connection on w, or closes it. */
 static void open_connection(struct server_worker *w, int fd, int local,
                             const struct server_peer *peer)
 {
-    if (server_conn_open(w, fd, local, peer) < 0) {
-        server_conn_slot_give(w->server, local, peer);
+    int rc = server_conn_open(w, fd, local, peer);
+    if (rc < 0) {
+        if (server_conn_slot_at_accept(w->server, local))
+            server_conn_slot_give(w->server, local, peer);
         close(fd);
-        GK_WARN("cannot set up a connection: %s", strerror(errno));
+        if (rc == -1)
+            GK_WARN("cannot set up a connection: %s", strerror(errno));
         return;
     }
     gk_counter_add(&w->counters.connections_total, 1);
@@ -201,7 +191,8 @@ static void take_handoffs(struct server_worker *w, int closing)
     pthread_mutex_unlock(&w->handoff_lock);
     for (uint32_t i = 0; i < n; i++) {
         if (closing) {
-            server_conn_slot_give(w->server, queue[i].local, &queue[i].peer);
+            if (server_conn_slot_at_accept(w->server, queue[i].local))
+                server_conn_slot_give(w->server, queue[i].local, &queue[i].peer);
             close(queue[i].fd);
         } else {
             open_connection(w, queue[i].fd, queue[i].local, &queue[i].peer);
@@ -285,6 +276,7 @@ static void close_if_overdue(struct server_worker *w, struct server_conn *c, uin
         [CONN_OVERDUE_REQUEST] = "request not in by its deadline",
         [CONN_OVERDUE_ANSWER] = "GET values not read by their deadline",
         [CONN_OVERDUE_IDLE] = "idle",
+        [CONN_OVERDUE_AUTH] = "not authenticated in time",
     };
     enum server_conn_overdue overdue = server_conn_overdue(c, now_ns);
     if (overdue == CONN_OVERDUE_NO)
@@ -295,6 +287,8 @@ static void close_if_overdue(struct server_worker *w, struct server_conn *c, uin
         gk_counter_add(&w->counters.get_pins_expired, 1);
     else if (overdue == CONN_OVERDUE_IDLE)
         gk_counter_add(&w->counters.connections_idle_closed, 1);
+    else if (overdue == CONN_OVERDUE_AUTH)
+        gk_counter_add(&w->counters.auth_timeouts, 1);
     GK_DEBUG("fd %d: %s, closing", c->fd, why[overdue]);
     server_conn_close(c);
 }

@@ -314,6 +314,9 @@ static void test_options(void)
     CHECK_EQ(o.lease_timeout_ms, 5000);
     CHECK_EQ(o.max_connections_per_peer, 512);
     CHECK_EQ(o.idle_timeout_ms, 300000);
+    CHECK_EQ(o.auth_timeout_ms, 1000);
+    CHECK_EQ(o.max_unauthenticated, 512);
+    CHECK_EQ(o.max_unauthenticated_per_peer, 64);
     CHECK_EQ(o.drain_timeout_ms, 5000);
     CHECK(o.metrics_listen == NULL, "no metrics endpoint by default");
     CHECK_EQ(o.max_buffered_bytes, 256ull << 20);

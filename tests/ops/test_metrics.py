@@ -17,8 +17,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from support import wire
 from support.content import batch_get_bytes, batch_put_bytes, content
-from support.util import counted, unique, wait_for
+from support.util import counted, run_gdrkv, unique, wait_for
 
 METRICS_LINE = re.compile(rb"metrics on http://(\S+?)/metrics")
 
@@ -117,6 +118,102 @@ def test_usage_by_namespace(server, make_client):
     assert value(fams, "gdrkv_namespace_objects", namespace=encoded) == 2
 
 
+def put_in_namespaces(server, namespaces, size=lambda i: 100):
+    """One object in each namespace (any bytes), over the raw protocol."""
+    with wire.connect(server.address) as conn:
+        for i, ns in enumerate(namespaces):
+            value = b"v" * size(i)
+            hdr, results, _ = conn.call(wire.OP_PUT, [(b"k", len(value))], ns=ns, payload=value)
+            assert hdr.status == 0 and results[0][0] == 0, (ns, hdr, results)
+
+
+def namespace_series(text, name):
+    """{decoded namespace: value}: label values unescaped by Prometheus'
+    rules (prometheus_client's parser), then percent-decoded; a name that
+    came twice fails."""
+    series = {}
+    for sample in families(text)[name].samples:
+        decoded = urllib.parse.unquote_to_bytes(sample.labels["namespace"])
+        assert decoded not in series, f"two series for {decoded!r}"
+        series[decoded] = sample.value
+    return series
+
+
+def test_labels_are_exact_for_every_byte(server_factory):
+    """The defect (#39, 3): labels stopped at 762 characters, so two long
+    names that needed escaping gave one series, and neither decoded back.
+    Now every byte value 0-255 makes a 255-byte name of its own, and names
+    that differ only in their last byte after 254 bytes that all need
+    escaping, each decodes back to exactly its name."""
+    server = server_factory("64MiB", args=["--metrics-listen", "127.0.0.1:0",
+                                           "--metrics-namespaces", "1000"])
+    namespaces = [bytes([b]) * 255 for b in range(256)]
+    namespaces += [b'"' * 254 + bytes([b]) for b in (0, 1, 0x25, 0x5C, 0x80, 0xFF)]
+    namespaces += [bytes([b]) for b in range(256) if b != 0x22]
+    put_in_namespaces(server, namespaces)
+    text = scrape(server)
+    for metric in ("gdrkv_namespace_objects", "gdrkv_namespace_bytes"):
+        series = namespace_series(text, metric)
+        assert set(series) == set(namespaces)
+    assert all(v == 1 for v in namespace_series(text, "gdrkv_namespace_objects").values())
+
+
+def test_namespace_series_are_capped(server_factory):
+    """Only the metrics_namespaces namespaces with most bytes get series;
+    the rest are summed, and the cap is reported."""
+    server = server_factory("64MiB", args=["--metrics-listen", "127.0.0.1:0",
+                                           "--metrics-namespaces", "2"])
+    namespaces = [unique(f"cap{i}").encode() for i in range(5)]
+    put_in_namespaces(server, namespaces, size=lambda i: 1000 * (i + 1))
+    fams = families(scrape(server))
+    assert namespace_series(scrape(server), "gdrkv_namespace_bytes") == \
+        {namespaces[4]: 5000, namespaces[3]: 4000}
+    assert value(fams, "gdrkv_namespace_series_max") == 2
+    assert value(fams, "gdrkv_namespace_others") == 3
+    assert value(fams, "gdrkv_namespace_others_objects") == 3
+    assert value(fams, "gdrkv_namespace_others_bytes") == 1000 + 2000 + 3000
+
+
+def metrics_token(tmp_path, mode=0o600):
+    path = tmp_path / "metrics-token"
+    path.write_text("metrics-secret-0123456789abcdef\n")
+    path.chmod(mode)
+    return path
+
+
+def http_status(server, headers=()):
+    request = urllib.request.Request(f"http://{address_of(server)}/metrics", headers=dict(headers))
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_token_file_guards_the_endpoint(server_factory, tmp_path):
+    """--metrics-token-file: 401 without the bearer token or with another,
+    200 with it; the file must be private, as --auth-token-file's."""
+    token = metrics_token(tmp_path)
+    server = server_factory("32MiB", args=["--metrics-listen", "127.0.0.1:0",
+                                           "--metrics-token-file", str(token)])
+    assert http_status(server) == 401
+    assert http_status(server, {"Authorization": "Bearer metrics-secret-0123456789abcdeX"}) == 401
+    assert http_status(server, {"Authorization": "Bearer metrics-secret-0123456789abcde"}) == 401
+    assert http_status(server, {"Authorization": "Basic bWV0cmljcw=="}) == 401
+    assert http_status(server, {"Authorization": "Bearer metrics-secret-0123456789abcdef"}) == 200
+    assert http_status(server, {"authorization": "bearer  metrics-secret-0123456789abcdef"}) == 200
+    token.chmod(0o644)
+    with pytest.raises(RuntimeError, match="chmod 600"):
+        server_factory("16MiB", args=["--metrics-listen", "127.0.0.1:0",
+                                      "--metrics-token-file", str(token)])
+
+
+def test_a_port_alone_listens_on_loopback(server_factory):
+    port = free_port()
+    server = server_factory("16MiB", args=["--metrics-listen", str(port)])
+    assert address_of(server) == f"127.0.0.1:{port}"
+
+
 def test_other_paths_are_not_found(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         scrape(server, "/")
@@ -124,8 +221,7 @@ def test_other_paths_are_not_found(server):
 
 
 def test_a_stalled_scraper_holds_up_nothing_for_long(server, make_client):
-    """A scraper that connects and says nothing: the data path goes on, and
-    the next scrape is answered once its 2 s are up."""
+    """A scraper that connects and says nothing: the data path goes on."""
     host, port = address_of(server).rsplit(":", 1)
     stalled = socket.create_connection((host, int(port)))
     try:
@@ -134,11 +230,62 @@ def test_a_stalled_scraper_holds_up_nothing_for_long(server, make_client):
         for i in range(50):
             client.put(f"k{i}", b"v" * 100)
         assert time.monotonic() - started < 2.0
-        started = time.monotonic()
         assert "gdrkv_store_objects" in scrape(server)
-        assert time.monotonic() - started < 5.0
     finally:
         stalled.close()
+
+
+def still_open(sock):
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def test_scrapers_are_served_at_once(server):
+    """The defect (#39, 2): one thread served one scraper at a time, each
+    silent one holding the next scrape for 2 s. Now a scrape is answered
+    while five silent scrapers, connected before it, are still held."""
+    host, port = address_of(server).rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(5)]
+    try:
+        assert "gdrkv_store_objects" in scrape(server)
+        assert [still_open(s) for s in silent] == [True] * 5
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_a_trickled_request_is_cut_at_its_deadline(server):
+    """The defect (#39, 2): the timeout was per recv, so a byte each second
+    held the thread for as long as the request went on. Now the whole
+    request has 2 s from the connect: the server closes the connection
+    before 40 bytes sent 0.25 s apart are all in, and answers nothing."""
+    host, port = address_of(server).rsplit(":", 1)
+    request = b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 40 + b"\r\n\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        started = time.monotonic()
+        sent = 0
+        try:
+            for byte in request:
+                sock.sendall(bytes([byte]))
+                sent += 1
+                if not still_open(sock):
+                    break
+                sock.setblocking(True)
+                time.sleep(0.25)            # the attack: a byte at a time, each well inside 2 s
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert sent < len(request), "the whole trickled request was read"
+        assert time.monotonic() - started < 10
+        sock.settimeout(5)
+        try:
+            assert sock.recv(100) == b""            # closed, nothing answered
+        except ConnectionResetError:
+            pass
 
 
 def test_in_process_server_gives_the_same_text():
@@ -167,16 +314,21 @@ def query(address, expr):
     return float(result[0]["value"][1]) if result else None
 
 
-def test_a_real_prometheus_scrapes_it(server, make_client, tmp_path):
-    """Debian's Prometheus (tests/run.sh installs it) scrapes the endpoint
-    every second; its query API sees hits, misses and bytes move."""
+def test_a_real_prometheus_scrapes_it(server_factory, make_client, tmp_path):
+    """Debian's Prometheus (tests/run.sh installs it) scrapes the endpoint,
+    which wants a bearer token, every second with the token from its
+    credentials_file; its query API sees hits, misses and bytes move."""
     binary = shutil.which("prometheus")
     if binary is None:
         assert os.environ.get("GDRKV_REQUIRE_ENGINES") != "1", "prometheus is not installed"
         pytest.skip("prometheus is not installed (tests/run.sh installs it)")
+    token = metrics_token(tmp_path)
+    server = server_factory("64MiB", args=["--metrics-listen", "127.0.0.1:0",
+                                           "--metrics-token-file", str(token)])
     config = tmp_path / "prometheus.yml"
     config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                       "scrape_configs:\n  - job_name: gdrkv\n"
+                      f"    authorization: {{credentials_file: '{token}'}}\n"
                       f"    static_configs: [{{targets: ['{address_of(server)}']}}]\n")
     web = f"127.0.0.1:{free_port()}"
     with open(tmp_path / "prometheus.log", "wb") as log:
@@ -244,3 +396,19 @@ def test_nic_counters(server_factory, tmp_path, monkeypatch):
                  counter="np_cnp_sent") == 14
     assert value(fams, "gdrkv_nic_counter", device="mlx5_0", port="1", group="counters",
                  counter="port_rcv_packets") == 1000
+
+
+def test_bench_scrape_reports_both_runs(tmp_path):
+    """gdrkv bench --scrape: GETs timed with and without a scraper, each
+    run's rate and p99 in the report, the scraper's rate measured."""
+    report = tmp_path / "scrape.json"
+    out = run_gdrkv("bench", "--scrape", "--scrape-namespaces", "20", "--scrape-seconds", "0.5",
+                    "--repeat", "1", "--count", "8", "--json", str(report), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [row] = json.loads(report.read_text())["results"]
+    assert row["size"] == 4096 and row["namespaces"] == 20
+    for name in ("none", "scraping"):
+        [run] = row["runs"][name]
+        assert run["gets_per_s"] > 0 and run["p99_us"] > 0
+    assert row["scrape_ms"] > 0
+    assert "GET/s scraping" in out.stdout

@@ -5,10 +5,14 @@ global cap on buffered request bodies, the age limit of a tcp GET's pins,
 and the cap on one GET frame's destination bytes. Each test reproduces the
 defect's attack and fails on a server without the limit."""
 import socket
+import struct
+import threading
 import time
 
 import numpy as np
 import pytest
+
+import gdrkv
 
 from support import wire
 from support.content import batch_put_bytes, content
@@ -97,16 +101,75 @@ def test_idle_connections_are_closed_and_clients_reconnect(server_factory, make_
     assert mine["errors_unavailable"] == 0 and mine["connects"] >= 2
 
 
-def test_strangers_get_the_stall_timeout_to_authenticate(server_factory, tmp_path):
+def token_file(tmp_path):
     token = tmp_path / "token"
     token.write_text("limits-test-token-0123456789\n")
     token.chmod(0o600)
-    server = server_factory("32MiB", args=["--auth-token-file", str(token),
-                                           "--stall-timeout-ms", "300"])
+    return str(token)
+
+
+def test_strangers_get_auth_timeout_ms_to_authenticate(server_factory, tmp_path):
+    server = server_factory("32MiB", args=["--auth-token-file", token_file(tmp_path),
+                                           "--auth-timeout-ms", "300"])
     with wire.connect(server.address) as stranger:
         started = time.monotonic()
         assert stranger.wait_closed(10)
         assert time.monotonic() - started < 5
+    assert stat(server.stats(), "auth_timeouts") >= 1
+
+
+def flood_from(server, source, stop, opened, keep=40):
+    """Dials server from source as fast as it can, unpaced, without the
+    token, keeping its last `keep` connections open (each sends nothing)."""
+    host, port = server.address.rsplit(":", 1)
+    held = []
+    while not stop.is_set():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.settimeout(1)
+        try:
+            sock.bind((source, 0))
+            sock.connect((host, int(port)))
+        except OSError:
+            sock.close()
+            continue
+        opened.append(1)
+        held.append(sock)
+        if len(held) > keep:
+            held.pop(0).close()
+    for sock in held:
+        sock.close()
+
+
+def test_a_token_holder_gets_in_while_strangers_flood(server_factory, tmp_path):
+    """The defect (#39, 1): connections that never authenticate held slots
+    of max_connections, so an attacker redialling from a few addresses kept
+    every token holder out. Now strangers have a budget of their own, and
+    its fullest address gives way to a newcomer from another: a client with
+    the token gets in every time while 16 addresses flood unpaced."""
+    token = token_file(tmp_path)
+    server = server_factory("32MiB", args=["--auth-token-file", token,
+                                           "--max-connections", "64",
+                                           "--max-connections-per-peer", "8"])
+    stop, opened = threading.Event(), []
+    attackers = [lambda a=f"127.0.3.{i}": flood_from(server, a, stop, opened)
+                 for i in range(1, 17)]
+    attempts, served = 20, 0
+    with background(*attackers, stop=stop):
+        wait_for(lambda: len(opened) >= 16 * 40, 60, "the flood to fill its budget")
+        for i in range(attempts):
+            client = gdrkv.Client(server.url, token_file=token, transport="tcp",
+                                  namespace=unique("holder"), timeout_ms=10000)
+            try:
+                key = f"k{i}"
+                if batch_put_bytes(client, [key], [content(key, 4096)]) == [0]:
+                    served += client.get(key) == content(key, 4096)
+            finally:
+                client.close()
+    stats = server.stats()
+    assert served == attempts, f"{served} of {attempts} attempts got through"
+    assert stat(stats, "unauthenticated_evicted") + stat(stats, "unauthenticated_refused") > 0
+    assert stat(stats, "auth_ok") >= attempts
 
 
 # ---------------------------------------------------------------- slow requests

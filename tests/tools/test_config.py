@@ -31,6 +31,9 @@ EVERY = {
     "max_connections": 99,
     "max_connections_per_peer": 7,
     "idle_timeout_ms": 65000,
+    "auth_timeout_ms": 800,
+    "max_unauthenticated": 100,
+    "max_unauthenticated_per_peer": 9,
     "drain_timeout_ms": 1500,
     "max_buffered": "64MiB",
     "unix_path": "",
@@ -48,6 +51,8 @@ EVERY = {
     "auth_token_file": "/etc/gdrkv/token",
     "insecure_no_auth": True,
     "metrics_listen": "127.0.0.1:0",
+    "metrics_token_file": "/etc/gdrkv/metrics-token",
+    "metrics_namespaces": 250,
 }
 
 
@@ -67,7 +72,7 @@ def test_every_flag_round_trips(tmp_path):
     path.write_text(toml(EVERY))
     assert printed("--config", str(path)) == EVERY
     # The file names every setting --print-config knows: none is missing.
-    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen",
+    assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen", "metrics_token_file",
                              "pool_file", "disk", "disk_size"} == set(EVERY)
 
 

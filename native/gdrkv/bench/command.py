@@ -16,7 +16,7 @@ import sys
 from ..client import Client
 from ..sizes import parse_size
 from ..sysinfo.host import cpu_model
-from . import disk, gpu, plain, restart, vllm
+from . import disk, gpu, plain, restart, scrape, vllm
 from .harness import Ceilings, Progress, server, tcp_stream, write_json
 
 OPS = ("put", "get", "exists")
@@ -60,6 +60,7 @@ def add_arguments(parser):
     vllm.add_arguments(parser)
     restart.add_arguments(parser)
     disk.add_arguments(parser)
+    scrape.add_arguments(parser)
 
 
 def run(args):
@@ -74,6 +75,9 @@ def run(args):
     if args.restart:
         args.sizes = args.sizes or parse_sizes("4KiB,64KiB")
         return restart.run(args)
+    if args.scrape:
+        args.sizes = args.sizes or parse_sizes("4KiB")
+        return scrape.run(args)
     if args.disk_tier:
         args.sizes = args.sizes or parse_sizes(disk.DEFAULT_SIZES)
         return disk.run(args)
