@@ -216,7 +216,7 @@ int server_metrics_start(struct gdrkv_server *s, const struct gk_addr *addr,
         m->scrapers[i].fd = -1;
     m->listen_fd = -1;
     if (token_file && *token_file) {
-        int rc = gk_token_load(token_file, 1, &m->token, err, errlen);
+        int rc = gk_token_load(token_file, &m->token, err, errlen);
         if (rc) {
             metrics_free(m);
             return rc;
