@@ -96,6 +96,19 @@ typedef struct gdrkv_server_opts {
                                    client's next frame is not held up by a wakeup
                                    (docs/operations.md); 0 = off, -1 = auto:
                                    1000 on hosts of 8 CPUs or more, else off */
+    /* Cluster membership (docs/operations.md, "Cluster"): the registration
+     * in etcd is run by the Python control plane (gdrkv.cluster), which
+     * reports its state back through gdrkv_server_set_cluster. */
+    const char *cluster;        /* "etcd://H1:2379,H2:2379/NAME"; NULL = none */
+    const char *advertise;      /* "host:port" clients reach this server on;
+                                   NULL = the listen address (this host's when
+                                   listening on 0.0.0.0) */
+    const char *zone;           /* failure domain; NULL = the host name */
+    uint32_t cluster_ttl_ms;    /* the etcd lease of the entry, kept alive every
+                                   third of it */
+    uint32_t cluster_leave_ms;  /* on stop, how long the entry says "leaving"
+                                   (reads go on, PUTs go elsewhere) before it
+                                   is withdrawn */
 } gdrkv_server_opts;
 
 /* Every field above at its default. */
@@ -131,6 +144,18 @@ int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
  * serves), and where that endpoint listens ("" when off). */
 int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len);
 int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len);
+/* The server's place in a cluster, as its registration reports it (stats
+ * and /metrics show it): state, when its etcd lease was last granted or
+ * renewed (gk clock: CLOCK_MONOTONIC ns; 0 = no lease) and the etcd
+ * requests that failed so far. */
+enum gdrkv_cluster_state {
+    GDRKV_CLUSTER_NONE = 0,         /* not in a cluster */
+    GDRKV_CLUSTER_UNREGISTERED = 1, /* no entry in etcd (yet, or lease lost) */
+    GDRKV_CLUSTER_SERVING = 2,
+    GDRKV_CLUSTER_LEAVING = 3,
+};
+void gdrkv_server_set_cluster(gdrkv_server *s, int state, uint64_t lease_renewed_ns,
+                              uint64_t etcd_errors);
 /* Drains and stops: no new connections, the frames in flight finish (for
  * at most drain_timeout_ms), every connection is closed, then the threads
  * end and the pool is freed. */

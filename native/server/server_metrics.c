@@ -176,6 +176,28 @@ static void rdma_metrics(struct gdrkv_server *s, struct gk_text *t)
     }
 }
 
+/* The cluster registration's state (server_cluster_stats's lines). */
+static void cluster_metrics(struct gdrkv_server *s, struct gk_text *t)
+{
+    char lines[256];
+    unsigned long long state = 0, age_ms = 0, errors = 0;
+    struct gk_text r;
+
+    gk_text_init(&r, lines, sizeof lines);
+    server_cluster_stats(s, &r);
+    gk_text_finish(&r);
+    if (sscanf(lines, "cluster_state %llu cluster_lease_age_ms %llu cluster_etcd_errors %llu",
+               &state, &age_ms, &errors) != 3)
+        return;
+    metric(t, "gdrkv_cluster_state", "gauge",
+           "0 not in a cluster, 1 unregistered (no lease), 2 serving, 3 leaving", state);
+    gk_text_printf(t, "# HELP gdrkv_cluster_lease_age_seconds time since the etcd lease was "
+                      "last renewed\n# TYPE gdrkv_cluster_lease_age_seconds gauge\n"
+                      "gdrkv_cluster_lease_age_seconds %g\n", (double)age_ms / 1e3);
+    metric(t, "gdrkv_cluster_etcd_errors_total", "counter",
+           "etcd requests of the registration that failed", errors);
+}
+
 void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
 {
     struct store_stats st;
@@ -214,6 +236,7 @@ void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
                        (unsigned long long)sum.keys[op]);
     latency_histograms(t, &sum);
     namespace_metrics(s, t);
+    cluster_metrics(s, t);
     rdma_metrics(s, t);
     nic_metrics(t);
 }

@@ -157,6 +157,12 @@ struct gdrkv_server {
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
+    struct {                        /* what the cluster registration reports (atomic each;
+                                       gdrkv_server_set_cluster) */
+        int state;                  /* enum gdrkv_cluster_state */
+        uint64_t lease_renewed_ns;  /* gk_now_ns of the last grant or renewal; 0: none */
+        uint64_t etcd_errors;
+    } cluster;
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
     uint32_t next_worker;           /* round robin of accepted connections (atomic) */

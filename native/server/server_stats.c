@@ -37,6 +37,19 @@ void server_stats_sum(struct gdrkv_server *s, struct server_counters *sum)
         sum_counters(sum, &s->workers[i].counters);
 }
 
+void server_cluster_stats(struct gdrkv_server *s, struct gk_text *t)
+{
+    uint64_t renewed = __atomic_load_n(&s->cluster.lease_renewed_ns, __ATOMIC_RELAXED);
+    uint64_t now = gk_now_ns();
+
+    gk_text_u64(t, "cluster_state", (uint64_t)__atomic_load_n(&s->cluster.state,
+                                                               __ATOMIC_RELAXED));
+    gk_text_u64(t, "cluster_lease_age_ms",
+                renewed && now > renewed ? (now - renewed) / 1000000u : 0);
+    gk_text_u64(t, "cluster_etcd_errors",
+                __atomic_load_n(&s->cluster.etcd_errors, __ATOMIC_RELAXED));
+}
+
 /* Each line is named after the field it prints, so names can't drift. */
 #define STORE_LINE(field, kind, help) gk_text_u64(t, #field, (uint64_t)st.field);
 #define COUNTER_LINE(field, metric, help) gk_text_u64(t, #field, sum.field);
@@ -60,6 +73,7 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     gk_text_u64(t, "buffered_bytes", __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
     SERVER_COUNTERS(COUNTER_LINE)
+    server_cluster_stats(s, t);
     server_rdma_stats(s, t);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         snprintf(name, sizeof name, "ops_%s", gk_op_name(op));
