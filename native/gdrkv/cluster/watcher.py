@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 
+from ..errors import E_CLOSED, GdrkvError
 from .etcd import Etcd, EtcdError, WatchIdle
 from .members import parse_entry, prefix
 
@@ -63,6 +64,9 @@ class Membership:
         self._by_key = {}               # entry key -> Member
         self._subscribers = []          # weakref.WeakMethod of each client's callback
         self._lock = threading.Lock()   # _by_key, _subscribers
+        # Held while tables are handed out, so that each subscriber gets
+        # them in order (its first one from subscribe included).
+        self._deliver_lock = threading.Lock()
         self._stop = threading.Event()
         self._watch = None
         self._last_log = 0.0
@@ -79,10 +83,11 @@ class Membership:
         """Calls method(members) now and after every change of the table
         (from the watcher's thread), until unsubscribe or the method's
         object is gone."""
-        with self._lock:
-            self._subscribers.append(weakref.WeakMethod(method))
-            current = sorted(self._by_key.values())
-        method(current)
+        with self._deliver_lock:
+            with self._lock:
+                self._subscribers.append(weakref.WeakMethod(method))
+                current = sorted(self._by_key.values())
+            method(current)
 
     def unsubscribe(self, method):
         with self._lock:
@@ -99,17 +104,18 @@ class Membership:
 
     def _replace(self, by_key):
         """Makes by_key the table; tells the subscribers when it changed."""
-        with self._lock:
-            if by_key == self._by_key:
-                return
-            self._by_key = by_key
-            current = sorted(by_key.values())
-            callbacks = [s() for s in self._subscribers]
-        log.info("gdrkv cluster %s: %d members: %s", self.name, len(current),
-                 ", ".join(f"{m.addr} ({m.state})" for m in current))
-        for callback in callbacks:
-            if callback is not None:
-                callback(current)
+        with self._deliver_lock:
+            with self._lock:
+                if by_key == self._by_key:
+                    return
+                self._by_key = by_key
+                current = sorted(by_key.values())
+                callbacks = [s() for s in self._subscribers]
+            log.info("gdrkv cluster %s: %d members: %s", self.name, len(current),
+                     ", ".join(f"{m.addr} ({m.state})" for m in current))
+            for callback in callbacks:
+                if callback is not None:
+                    callback(current)
 
     def _apply(self, batch):
         by_key = dict(self._by_key)
@@ -164,3 +170,39 @@ class Membership:
                 if self._watch:
                     self._watch.close()
                     self._watch = None
+
+
+class Follower:
+    """A client following its cluster (gdrkv+etcd://E1,E2/NAME): the
+    process's shared Membership hands every new table to the client's
+    _set_members. Open waits for the first read of the members for at most
+    wait_s; when etcd has not answered by then the client starts with no
+    members (keys fail UNAVAILABLE) and gets them as soon as it does."""
+
+    def __init__(self, client, endpoints, name, wait_s):
+        self._client = weakref.ref(client)
+        self.membership = shared(endpoints, name)
+        self.membership.first_read.wait(wait_s)
+        self.membership.subscribe(self._members)
+
+    @property
+    def etcd_errors(self):
+        return self.membership.etcd_errors
+
+    def _members(self, members):
+        client = self._client()
+        if client is None:
+            return
+        try:
+            client._set_members([(m.addr, m.capacity, m.zone, m.leaving) for m in members])
+        except GdrkvError as e:
+            if e.code != E_CLOSED:
+                log.warning("gdrkv cluster %s: the client refused the members: %s",
+                            self.membership.name, e)
+        except ValueError as e:
+            log.warning("gdrkv cluster %s: the client refused the members: %s",
+                        self.membership.name, e)
+
+    def stop(self):
+        self.membership.unsubscribe(self._members)
+        release(self.membership)

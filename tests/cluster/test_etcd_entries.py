@@ -1,0 +1,59 @@
+"""What is read from etcd is checked, never trusted (#40): a member entry
+of any other shape is left out (and logged), whatever its bytes; cluster
+URLs are parsed or refused by name."""
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from gdrkv.cluster.members import (CLIENT_SCHEME, Member, entry_key, make_entry, parse_cluster,
+                                   parse_entry)
+
+NAME = "prod"
+ADDR = "10.0.0.5:7480"
+GOOD = {"addr": ADDR, "capacity": 1 << 30, "zone": "rack-1", "state": "serving",
+        "registered": 1.5}
+
+
+def test_a_good_entry_is_a_member():
+    assert parse_entry(NAME, entry_key(NAME, ADDR), make_entry(ADDR, 1 << 30, "rack-1",
+                                                                "leaving", 2.0)) == \
+        Member(ADDR, 1 << 30, "rack-1", "leaving", 2.0)
+
+
+@pytest.mark.parametrize("change", [
+    {"addr": "10.0.0.6:7480"},                  # not the address its key names
+    {"addr": "10.0.0.5"}, {"addr": "10.0.0.5:0"}, {"addr": "10.0.0.5:70000"},
+    {"addr": "a b:1"}, {"addr": 7480},
+    {"capacity": 0}, {"capacity": -1}, {"capacity": "1GiB"}, {"capacity": True},
+    {"capacity": 1 << 64}, {"capacity": 1.5},
+    {"zone": ""}, {"zone": None}, {"zone": "x" * 256}, {"zone": "a\0b"},
+    {"state": "gone"}, {"state": None}, {"registered": "yesterday"},
+])
+def test_a_bad_field_leaves_the_entry_out(change, caplog):
+    value = json.dumps({**GOOD, **change}).encode()
+    assert parse_entry(NAME, entry_key(NAME, ADDR), value) is None
+    assert "ignoring the bad entry" in caplog.text
+
+
+@given(st.binary(max_size=600))
+def test_any_bytes_are_a_member_or_left_out(value):
+    member = parse_entry(NAME, entry_key(NAME, ADDR), value)
+    assert member is None or member.addr == ADDR
+
+
+@given(st.dictionaries(st.sampled_from(sorted(GOOD)), st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=40))))
+def test_any_json_is_a_member_or_left_out(fields):
+    member = parse_entry(NAME, entry_key(NAME, ADDR), json.dumps({**GOOD, **fields}).encode())
+    assert member is None or (member.capacity > 0 and member.state in ("serving", "leaving"))
+
+
+def test_cluster_urls():
+    assert parse_cluster("etcd://e1,e2:2380/prod") == (["e1:2379", "e2:2380"], "prod", "")
+    assert parse_cluster(CLIENT_SCHEME + "[::1]:2379/a.b-c_d?replicas=2", CLIENT_SCHEME) == \
+        (["[::1]:2379"], "a.b-c_d", "replicas=2")
+    for bad in ("etcd://e1/", "etcd://e1", "etcd://e1/a/b", "etcd://,e2/x", "etcd://e1:x/x",
+                "http://e1/x", "etcd://e1/" + "n" * 65):
+        with pytest.raises(ValueError):
+            parse_cluster(bad)
