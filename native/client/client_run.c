@@ -64,7 +64,7 @@ static int job_active(const struct client_job *j)
 static void check_out(struct gdrkv_client *c, struct client_call *call, uint32_t first,
                       uint32_t end)
 {
-    struct client_server *s = &c->servers[call->jobs[first].server];
+    struct client_server *s = call->servers[call->jobs[first].server];
     uint64_t connect_ns = (uint64_t)c->opts.connect_timeout_ms * 1000000u;
 
     for (uint32_t j = first; j < end; j++) {
@@ -240,7 +240,7 @@ static void drive(struct gdrkv_client *c, struct client_call *call)
 static void check_in(struct gdrkv_client *c, struct client_call *call, uint32_t first,
                      uint32_t end)
 {
-    struct client_server *s = &c->servers[call->jobs[first].server];
+    struct client_server *s = call->servers[call->jobs[first].server];
     int err = 0;
     const char *why = NULL;
 

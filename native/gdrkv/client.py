@@ -28,7 +28,11 @@ _INT_OPTIONS = {
     "backoff_max_ms": (5000, 0),
     "gpu_pin_limit": (0, 0),
     "gpu_pin_ahead": (0, 0),
+    "replicas": (1, 1),
+    "settle_ms": (10000, 0),
 }
+# Most copies of a key (PLACEMENT_MAX_REPLICAS in native/client/placement.h).
+_MAX_REPLICAS = 8
 # Of those, the ones that are sizes: "64GiB" as well as bytes.
 _SIZE_OPTIONS = ("gpu_pin_limit", "gpu_pin_ahead")
 # Transport names and their enum gdrkv_transport values.
@@ -57,15 +61,27 @@ class Client:
     much of it in the background before any copy asks (docs/gpu.md, "What
     each process pins"), token_file (the file
     holding the servers' secret, for servers started with
-    --auth-token-file; default $GDRKV_TOKEN_FILE).
+    --auth-token-file; default $GDRKV_TOKEN_FILE), replicas (1: copies of
+    each key, in distinct failure domains where there are enough; reads
+    fall over between them, docs/cluster.md) and settle_ms (10000: how
+    long after a change of members a miss reads through to the previous
+    owners).
 
     Batch calls report per-key results and never raise for a per-key
     failure; a server that is down turns into misses and failed puts. Many
     threads may share one client.
     """
 
-    def __init__(self, url, **options):
-        servers, url_options = _parse_url(url)
+    def __init__(self, url, _members_later=False, **options):
+        # _members_later: the servers come from _set_members (the cluster
+        # watcher does that); url may then be None, and its servers must
+        # be left out.
+        if _members_later and url is None:
+            servers, url_options = "", {}
+        else:
+            servers, url_options = _parse_url(url)
+        if _members_later and servers:
+            raise ValueError("a client whose members come later takes no servers in its URL")
         opts_values = _resolve_options({**url_options, **options})
         self.namespace = opts_values["namespace"]
         self.transport = opts_values["transport"]
@@ -79,6 +95,7 @@ class Client:
         opts.ns = ns_c
         opts.transport = _TRANSPORTS[self.transport]
         opts.gpu_copy = _GPU_COPY[opts_values["gpu_copy"]]
+        opts.members_later = 1 if _members_later else 0
         if opts_values["token_file"]:
             token_file_c = ffi.new("char[]", opts_values["token_file"].encode())
             opts.token_file = token_file_c
@@ -144,6 +161,13 @@ class Client:
         orders the reads of GPU memory after the work queued on it. The
         call returns once the values are stored either way."""
         return self._keyed_call(lib.gdrkv_batch_put_stream, keys,
+                                _segments(ptrs, sizes, len(keys)), _stream(stream))
+
+    def batch_put_copies(self, keys, ptrs, sizes, stream=None):
+        """batch_put, but each key's result is the number of copies written
+        (1..replicas) when it was stored, or a negative error code when no
+        copy was."""
+        return self._keyed_call(lib.gdrkv_batch_put_copies, keys,
                                 _segments(ptrs, sizes, len(keys)), _stream(stream))
 
     def batch_get(self, keys, ptrs, sizes, stream=None):
@@ -230,6 +254,19 @@ class Client:
             return {"client": read_counters(lib.gdrkv_client_stats, self._handle),
                     "servers": servers}
 
+    def _set_members(self, members):
+        """Replaces the servers with members, a list of (addr "host:port",
+        capacity in bytes, zone or None, leaving): calls in flight finish
+        on the old ones, servers in both keep their connections. Private:
+        the cluster watcher calls it. ValueError for a bad member; the old
+        members stay then."""
+        array_c, _keep = _members_c(members)
+        err = ffi.new("char[]", _ERRLEN)
+        with self._calls:
+            rc = lib.gdrkv_client_set_members(self._handle, array_c, len(members), err, _ERRLEN)
+        if rc < 0:
+            raise start_error(rc, err)
+
     def close(self):
         """Waits for calls in flight, then disconnects; later calls raise
         GdrkvError(E_CLOSED). Closing twice is harmless."""
@@ -274,6 +311,45 @@ class _CallGuard:
         with self._cond:
             self._closed = True
             self._cond.wait_for(lambda: self._active == 0)
+
+
+# ---------------------------------------------------------------- members
+
+def place(key, members, replicas=1):
+    """The indices into members (a list of (addr, capacity, zone, leaving))
+    of the servers a PUT of key goes to under `replicas` copies, best first:
+    weighted rendezvous hashing, the same in every process (docs/cluster.md)."""
+    key = key.encode() if isinstance(key, str) else bytes(key)
+    array_c, _keep = _members_c(members)
+    out = ffi.new("uint32_t[]", max(1, replicas))
+    n = lib.gdrkv_place(key, len(key), array_c, len(members), replicas, out)
+    if n < 0:
+        raise ValueError(f"bad members for placement: {strerror(n)}")
+    return list(out[0:n])
+
+
+def _members_c(members):
+    """(gdrkv_member[] for members, what keeps its strings alive)."""
+    array_c = ffi.new("gdrkv_member[]", max(1, len(members)))
+    keep = []
+    for i, member in enumerate(members):
+        try:
+            addr, capacity, zone, leaving = member
+        except (TypeError, ValueError):
+            raise ValueError(f"member {i} must be (addr, capacity, zone, leaving), "
+                             f"not {member!r}") from None
+        if not isinstance(addr, str) or "\0" in addr:
+            raise ValueError(f"member {i}: address must be a string, not {addr!r}")
+        if zone is not None and (not isinstance(zone, str) or "\0" in zone):
+            raise ValueError(f"member {i}: zone must be a string or None, not {zone!r}")
+        keep.append(ffi.new("char[]", addr.encode()))
+        array_c[i].addr = keep[-1]
+        set_int_field(array_c[i], "capacity", capacity, f"member {i} capacity", 1)
+        if zone:
+            keep.append(ffi.new("char[]", zone.encode()))
+            array_c[i].zone = keep[-1]
+        array_c[i].leaving = 1 if leaving else 0
+    return array_c, keep
 
 
 # ---------------------------------------------------------------- options
@@ -344,6 +420,9 @@ def _resolve_options(given):
                 values[name] = int(values[name])
             except ValueError:
                 raise ValueError(f"{name} must be an integer, not {values[name]!r}") from None
+    replicas = values["replicas"]
+    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > _MAX_REPLICAS:
+        raise ValueError(f"replicas must be 1..{_MAX_REPLICAS}, not {replicas}")
     return values
 
 
