@@ -9,6 +9,7 @@ from array import array
 from urllib.parse import parse_qsl, urlsplit
 
 from . import local
+from .cluster.members import CLIENT_SCHEME, parse_cluster
 from ._capi import read_address, read_counters, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
@@ -46,9 +47,11 @@ class Client:
     """A connection to one or more gdrkv servers.
 
     url is gdrkv://host:port[,host:port...][?option=value&...],
-    gdrkv://unix:/path/to/server.sock for a local server's socket, or
+    gdrkv://unix:/path/to/server.sock for a local server's socket,
     gdrkv://local[:port] for this machine's daemon, started on first use
-    (gdrkv.local); keyword
+    (gdrkv.local), or gdrkv+etcd://E1:2379[,E2:2379...]/NAME[?...] for the
+    members of cluster NAME in that etcd, followed as they come and go
+    (gdrkv.cluster.watcher; docs/operations.md, "Cluster"); keyword
     arguments override the URL's options. Options: namespace (""),
     timeout_ms (5000, bounds every call), connect_timeout_ms (1000), conns
     (4 connections per server), transport ("auto": shm to a server on this
@@ -76,6 +79,11 @@ class Client:
         # _members_later: the servers come from _set_members (the cluster
         # watcher does that); url may then be None, and its servers must
         # be left out.
+        cluster = None
+        if isinstance(url, str) and url.startswith(CLIENT_SCHEME):
+            cluster = parse_cluster(url, CLIENT_SCHEME)
+            url, _members_later = None, True
+            options = {**_parse_query(cluster[2]), **options}
         if _members_later and url is None:
             servers, url_options = "", {}
         else:
@@ -116,6 +124,13 @@ class Client:
         # address -> what keeps the registered memory alive and unmoved.
         self._registered = {}
         self._registered_lock = threading.Lock()
+        # The cluster's members, followed in etcd; the first read waits at
+        # most connect_timeout_ms (none: the members come when etcd answers).
+        self._cluster = None
+        if cluster:
+            from .cluster.watcher import Follower
+            self._cluster = Follower(self, cluster[0], cluster[1],
+                                     opts_values["connect_timeout_ms"] / 1000)
 
     # ------------------------------------------------------------ memory
 
@@ -251,8 +266,10 @@ class Client:
                     servers[name] = read_counters(lib.gdrkv_client_server_stats, self._handle, i)
                 except GdrkvError as e:
                     servers[name] = {"error": strerror(e.code)}
-            return {"client": read_counters(lib.gdrkv_client_stats, self._handle),
-                    "servers": servers}
+            client = read_counters(lib.gdrkv_client_stats, self._handle)
+            if self._cluster:
+                client["etcd_errors"] = self._cluster.etcd_errors
+            return {"client": client, "servers": servers}
 
     def _set_members(self, members):
         """Replaces the servers with members, a list of (addr "host:port",
@@ -270,6 +287,9 @@ class Client:
     def close(self):
         """Waits for calls in flight, then disconnects; later calls raise
         GdrkvError(E_CLOSED). Closing twice is harmless."""
+        cluster, self._cluster = self._cluster, None
+        if cluster:
+            cluster.stop()
         self._close_native()
         with self._registered_lock:
             self._registered.clear()

@@ -182,6 +182,8 @@ class Follower:
     def __init__(self, client, endpoints, name, wait_s):
         self._client = weakref.ref(client)
         self.membership = shared(endpoints, name)
+        # A client dropped without close() lets the membership go too.
+        self._release = weakref.finalize(self, release, self.membership)
         self.membership.first_read.wait(wait_s)
         self.membership.subscribe(self._members)
 
@@ -205,4 +207,4 @@ class Follower:
 
     def stop(self):
         self.membership.unsubscribe(self._members)
-        release(self.membership)
+        self._release()
