@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from support.servers import DIE_WITH_PARENT, STOP_TIMEOUT_S
-from support.util import unique
+from support.util import unique, wait_for
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 START_TIMEOUT_S = 30.0
@@ -18,6 +18,18 @@ START_TIMEOUT_S = 30.0
 # within seconds; and how long a stopping one says "leaving".
 TTL_MS = 2000
 LEAVE_MS = 500
+
+
+def wait_members(cluster, name, servers, timeout=10):
+    """Waits until etcd holds an entry of each of servers in cluster name,
+    so that a client opened next finds them all."""
+    from gdrkv.cluster.etcd import Etcd
+    from gdrkv.cluster.members import prefix
+    client = Etcd(cluster.endpoints.split(","))
+    wanted = {s.address for s in servers}
+    wait_for(lambda: wanted <= {key.decode().rsplit("/", 1)[1]
+                                for key, _, _ in client.range_prefix(prefix(name))[1]},
+             timeout, f"{len(wanted)} members in etcd")
 
 
 def addresses(membership, state=None):
