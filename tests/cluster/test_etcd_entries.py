@@ -2,6 +2,7 @@
 of any other shape is left out (and logged), whatever its bytes; cluster
 URLs are parsed or refused by name."""
 import json
+import os
 
 import pytest
 from hypothesis import given, strategies as st
@@ -57,3 +58,21 @@ def test_cluster_urls():
                 "http://e1/x", "etcd://e1/" + "n" * 65):
         with pytest.raises(ValueError):
             parse_cluster(bad)
+
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+
+
+def test_the_engines_cluster_examples_name_a_cluster():
+    """configs/*/ has a cluster example per engine; each URL is a cluster's."""
+    with open(os.path.join(CONFIGS, "sglang", "sglang_hicache_cluster.json")) as f:
+        urls = [json.load(f)["url"]]
+    with open(os.path.join(CONFIGS, "vllm", "kv_transfer_config_cluster.json")) as f:
+        urls.append(json.load(f)["kv_connector_extra_config"]["url"])
+    with open(os.path.join(CONFIGS, "lmcache", "cluster.yaml")) as f:
+        urls += [line.split(": ", 1)[1].strip().strip('"') for line in f
+                 if line.strip().startswith("remote_storage_plugin.gdrkv.url")]
+    assert len(urls) == 3
+    for url in urls:
+        endpoints, name, _ = parse_cluster(url, CLIENT_SCHEME)
+        assert len(endpoints) == 3 and name == "prefix-cache"
