@@ -195,9 +195,10 @@ static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_
     uint32_t n = k->n;
     uint32_t *targets = malloc(n * sizeof *targets);
     uint8_t *pos = calloc(n, 1);
+    uint8_t *missed = calloc(n, 1);     /* a candidate said NOT_FOUND */
     int rc = 0;
 
-    if (!targets || !pos) {
+    if (!targets || !pos || !missed) {
         rc = GDRKV_E_INTERNAL;
         goto out;
     }
@@ -224,6 +225,11 @@ static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_
         for (uint32_t i = 0; i < n; i++) {
             if (targets[i] == CLIENT_NO_SERVER)
                 continue;
+            /* A key read through to an owner that fails was still a miss
+             * where it lives now: a miss, not an error. */
+            if (missed[i] && fails_over(k->results[i]))
+                k->results[i] = GDRKV_E_NOT_FOUND;
+            missed[i] |= k->results[i] == GDRKV_E_NOT_FOUND;
             targets[i] = next_candidate(c, cd, i, &pos[i], k->results[i])
                              ? cd->slot[(size_t)i * cd->max + pos[i]]
                              : CLIENT_NO_SERVER;
@@ -232,6 +238,7 @@ static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_
 out:
     free(targets);
     free(pos);
+    free(missed);
     return rc;
 }
 
