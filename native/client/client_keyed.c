@@ -35,47 +35,55 @@ enum candidate_kind {
     CAND_PREVIOUS,  /* an owner under the previous table: go on */
 };
 
+/* Every key's candidates, best first: key i's are slot[i * max ..] (in
+ * table->all) with their kinds, count[i] of them. */
 struct candidates {
-    uint32_t n;
-    uint32_t slot[MAX_CANDIDATES];      /* in table->all */
-    uint8_t kind[MAX_CANDIDATES];
+    uint32_t max;
+    uint32_t *slot;
+    uint8_t *kind;
+    uint8_t *count;
 };
 
 /* Appends view v's top `want` members for key hash h (leaving ones too
- * unless skip_leaving), each server once. */
-static void add_ranked(struct candidates *cd, const struct client_view *v, uint64_t h,
-                       uint32_t want, int skip_leaving, int previous, uint64_t *scratch)
+ * unless skip_leaving) to key i's candidates, each server once. */
+static void add_ranked(struct candidates *cd, uint32_t i, const struct client_view *v,
+                       uint64_t h, uint32_t want, int skip_leaving, int previous,
+                       uint64_t *scratch)
 {
     uint32_t ranked[PLACEMENT_MAX_REPLICAS];
     uint32_t got = placement_rank(h, v->members, v->n, v->uniform, want, skip_leaving, scratch,
                                   ranked);
+    uint32_t *slots = cd->slot + (size_t)i * cd->max;
+    uint8_t *kinds = cd->kind + (size_t)i * cd->max;
     for (uint32_t j = 0; j < got; j++) {
-        uint32_t slot = v->slot[ranked[j]], k = 0;
-        while (k < cd->n && cd->slot[k] != slot)
+        uint32_t slot = v->slot[ranked[j]], k = 0, n = cd->count[i];
+        while (k < n && slots[k] != slot)
             k++;
-        if (k < cd->n)
+        if (k < n)
             continue;
-        cd->slot[cd->n] = slot;
-        cd->kind[cd->n++] = previous                        ? CAND_PREVIOUS
-                            : v->members[ranked[j]].leaving ? CAND_LEAVING
-                                                            : CAND_OWNER;
+        slots[n] = slot;
+        kinds[n] = previous                        ? CAND_PREVIOUS
+                   : v->members[ranked[j]].leaving ? CAND_LEAVING
+                                                   : CAND_OWNER;
+        cd->count[i]++;
     }
 }
 
-/* Key hash h's candidates for op. */
-static void find_candidates(struct candidates *cd, const struct client_table *t, uint64_t h,
-                            uint32_t replicas, int young, uint8_t op, uint64_t *scratch)
+/* Key i's (of hash h) candidates for op. */
+static void find_candidates(struct candidates *cd, uint32_t i, const struct client_table *t,
+                            uint64_t h, uint32_t replicas, int young, uint8_t op,
+                            uint64_t *scratch)
 {
-    cd->n = 0;
+    cd->count[i] = 0;
     if (op == GK_OP_PUT) {
-        add_ranked(cd, &t->cur, h, replicas, 1, 0, scratch);
+        add_ranked(cd, i, &t->cur, h, replicas, 1, 0, scratch);
         return;
     }
     if (t->cur.nleaving)
-        add_ranked(cd, &t->cur, h, replicas, 0, 0, scratch);
-    add_ranked(cd, &t->cur, h, replicas, 1, 0, scratch);
+        add_ranked(cd, i, &t->cur, h, replicas, 0, 0, scratch);
+    add_ranked(cd, i, &t->cur, h, replicas, 1, 0, scratch);
     if (young)
-        add_ranked(cd, &t->prev, h, replicas, 0, 1, scratch);
+        add_ranked(cd, i, &t->prev, h, replicas, 0, 1, scratch);
 }
 
 /* How many candidates a key may have at most for op. */
@@ -99,10 +107,10 @@ static int merit(int64_t r)
 /* PUT and DELETE: every candidate at once; a key's result is its best
  * copy's (PUT: with want_copies, how many were written). */
 static int write_all(struct gdrkv_client *c, struct client_table *t, uint8_t op,
-                     const struct client_keys *k, struct candidates *cds, uint32_t copies,
+                     const struct client_keys *k, const struct candidates *cd,
                      uint64_t deadline)
 {
-    uint32_t n = k->n;
+    uint32_t n = k->n, copies = cd->max;
     size_t entries = (size_t)n * copies;
     uint32_t *targets = malloc(entries * sizeof *targets);
     int64_t *results = malloc(entries * sizeof *results);
@@ -113,16 +121,17 @@ static int write_all(struct gdrkv_client *c, struct client_table *t, uint8_t op,
             results[e] = GDRKV_E_INTERNAL;
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t r = 0; r < copies; r++)
-                targets[(size_t)r * n + i] = r < cds[i].n ? cds[i].slot[r] : CLIENT_NO_SERVER;
+                targets[(size_t)r * n + i] =
+                    r < cd->count[i] ? cd->slot[(size_t)i * copies + r] : CLIENT_NO_SERVER;
         struct client_round round = {.table = t, .copies = copies, .targets = targets,
                                      .results = results, .deadline_ns = deadline};
         rc = client_round_run(c, op, k, &round);
     }
     uint64_t short_keys = 0;
     for (uint32_t i = 0; i < n; i++) {
-        int64_t best = cds[i].n ? GDRKV_E_INTERNAL : GDRKV_E_UNAVAILABLE;
+        int64_t best = cd->count[i] ? GDRKV_E_INTERNAL : GDRKV_E_UNAVAILABLE;
         uint32_t written = 0;
-        for (uint32_t r = 0; targets && results && r < cds[i].n; r++) {
+        for (uint32_t r = 0; targets && results && r < cd->count[i]; r++) {
             int64_t res = results[(size_t)r * n + i];
             written += res >= 0;
             if (r == 0 || merit(res) > merit(best))
@@ -132,7 +141,7 @@ static int write_all(struct gdrkv_client *c, struct client_table *t, uint8_t op,
             best = rc;
         if (op == GK_OP_PUT && written) {
             best = k->want_copies ? written : 0;
-            short_keys += written < cds[i].n;
+            short_keys += written < cd->count[i];
         }
         k->results[i] = best;
     }
@@ -151,27 +160,28 @@ static int fails_over(int64_t r)
 
 /* After a pass: the key's next candidate (pos advanced), or 0 when its
  * result stands. */
-static int next_candidate(struct gdrkv_client *c, const struct candidates *cd, uint8_t *pos,
-                          int64_t result)
+static int next_candidate(struct gdrkv_client *c, const struct candidates *cd, uint32_t i,
+                          uint8_t *pos, int64_t result)
 {
-    uint32_t p = *pos;
-    if (fails_over(result) && p + 1 < cd->n) {
+    uint32_t p = *pos, n = cd->count[i];
+    const uint8_t *kind = cd->kind + (size_t)i * cd->max;
+    if (fails_over(result) && p + 1 < n) {
         *pos = (uint8_t)(p + 1);
         gk_counter_add(&c->counters.failovers, 1);
         return 1;
     }
     if (result != GDRKV_E_NOT_FOUND)
         return 0;
-    if (cd->kind[p] == CAND_OWNER) {
-        while (++p < cd->n && cd->kind[p] != CAND_PREVIOUS)
+    if (kind[p] == CAND_OWNER) {
+        while (++p < n && kind[p] != CAND_PREVIOUS)
             ;
-        if (p < cd->n)
+        if (p < n)
             gk_counter_add(&c->counters.read_throughs, 1);
     } else {
         p++;
     }
     *pos = (uint8_t)p;
-    return p < cd->n;
+    return p < n;
 }
 
 /* GET and EXISTS: passes until every key has its answer or the deadline
@@ -179,28 +189,29 @@ static int next_candidate(struct gdrkv_client *c, const struct candidates *cd, u
  * so a server that swallows requests leaves the other half to the next
  * candidate. */
 static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_t op,
-                          const struct client_keys *k, const struct candidates *cds,
+                          const struct client_keys *k, const struct candidates *cd,
                           uint64_t deadline)
 {
     uint32_t n = k->n;
     uint32_t *targets = malloc(n * sizeof *targets);
     uint8_t *pos = calloc(n, 1);
+    uint8_t *missed = calloc(n, 1);     /* a candidate said NOT_FOUND */
     int rc = 0;
 
-    if (!targets || !pos) {
+    if (!targets || !pos || !missed) {
         rc = GDRKV_E_INTERNAL;
         goto out;
     }
     for (uint32_t i = 0; i < n; i++) {
-        targets[i] = cds[i].n ? cds[i].slot[0] : CLIENT_NO_SERVER;
-        if (!cds[i].n)
+        targets[i] = cd->count[i] ? cd->slot[(size_t)i * cd->max] : CLIENT_NO_SERVER;
+        if (!cd->count[i])
             k->results[i] = GDRKV_E_UNAVAILABLE;
     }
     for (;;) {
         int more = 0, any = 0;
         for (uint32_t i = 0; i < n; i++) {
             any |= targets[i] != CLIENT_NO_SERVER;
-            more |= targets[i] != CLIENT_NO_SERVER && pos[i] + 1u < cds[i].n;
+            more |= targets[i] != CLIENT_NO_SERVER && pos[i] + 1u < cd->count[i];
         }
         uint64_t now = gk_now_ns();
         if (!any || now >= deadline)
@@ -214,14 +225,20 @@ static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_
         for (uint32_t i = 0; i < n; i++) {
             if (targets[i] == CLIENT_NO_SERVER)
                 continue;
-            targets[i] = next_candidate(c, &cds[i], &pos[i], k->results[i])
-                             ? cds[i].slot[pos[i]]
+            /* A key read through to an owner that fails was still a miss
+             * where it lives now: a miss, not an error. */
+            if (missed[i] && fails_over(k->results[i]))
+                k->results[i] = GDRKV_E_NOT_FOUND;
+            missed[i] |= k->results[i] == GDRKV_E_NOT_FOUND;
+            targets[i] = next_candidate(c, cd, i, &pos[i], k->results[i])
+                             ? cd->slot[(size_t)i * cd->max + pos[i]]
                              : CLIENT_NO_SERVER;
         }
     }
 out:
     free(targets);
     free(pos);
+    free(missed);
     return rc;
 }
 
@@ -252,26 +269,31 @@ static int keyed(struct gdrkv_client *c, struct client_table *t, uint8_t op,
             k->results[i] += k->results[i] == 0;
         return rc;
     }
-    uint32_t copies = max_candidates(t, replicas, young, op);
-    struct candidates *cds = malloc(k->n * sizeof *cds);
+    uint32_t max = max_candidates(t, replicas, young, op);
+    struct candidates cd = {.max = max,
+                            .slot = malloc((size_t)k->n * max * sizeof *cd.slot),
+                            .kind = malloc((size_t)k->n * max),
+                            .count = malloc(k->n)};
     uint64_t *scratch = malloc(2 * (size_t)t->nall * sizeof *scratch);
     int rc = GDRKV_E_INTERNAL;
-    if (cds && scratch) {
+    if (cd.slot && cd.kind && cd.count && scratch) {
         uint64_t key_off = 0;
         for (uint32_t i = 0; i < k->n; i++) {
-            find_candidates(&cds[i], t, route_key_hash(k->keys + key_off, k->key_lens[i]),
+            find_candidates(&cd, i, t, route_key_hash(k->keys + key_off, k->key_lens[i]),
                             replicas, young, op, scratch);
             key_off += k->key_lens[i];
         }
         if (op == GK_OP_PUT || op == GK_OP_DELETE)
-            rc = write_all(c, t, op, k, cds, copies, deadline);
+            rc = write_all(c, t, op, k, &cd, deadline);
         else
-            rc = read_in_passes(c, t, op, k, cds, deadline);
+            rc = read_in_passes(c, t, op, k, &cd, deadline);
     } else {
         for (uint32_t i = 0; i < k->n; i++)
             k->results[i] = rc;
     }
-    free(cds);
+    free(cd.slot);
+    free(cd.kind);
+    free(cd.count);
     free(scratch);
     return rc;
 }
