@@ -115,15 +115,17 @@ def cluster_name():
 
 @pytest.fixture
 def start_member(server_factory, etcd, cluster_name):
-    """start_member(i, *args, memory=..., cluster=URL) -> a `gdrkv serve`
-    on 127.0.0.<i+2> in the test's cluster (or cluster), with short leases
+    """start_member(i, *args, memory=..., cluster=URL, listen=...) -> a
+    `gdrkv serve` on 127.0.0.<i+2> (or listen) in the test's cluster (or
+    cluster), with short leases
     and zone "z<i>" unless args give one. Its clients: etcd.url(cluster_name,
     "gdrkv+etcd")."""
-    def start(i, *args, memory="64MiB", cluster=None):
+    def start(i, *args, memory="64MiB", cluster=None, listen=None):
         zone = [] if "--zone" in args else ["--zone", f"z{i}"]
         return server_factory(memory, args=[
             "--cluster", cluster or etcd.url(cluster_name), "--cluster-ttl-ms", str(TTL_MS),
-            "--cluster-leave-ms", str(LEAVE_MS), *zone, *args], listen=f"127.0.0.{i + 2}:0")
+            "--cluster-leave-ms", str(LEAVE_MS), *zone, *args],
+            listen=listen or f"127.0.0.{i + 2}:0")
     return start
 
 

@@ -34,7 +34,8 @@ def main(argv=None):
 
     stat = commands.add_parser("stat", help="print every server's counters")
     stat.add_argument("url", nargs="?",
-                      help="gdrkv://host:port[,host:port...] (optional with --nic)")
+                      help="gdrkv://host:port[,host:port...] or gdrkv+etcd://E1:2379[,...]/NAME "
+                           "(optional with --nic)")
     stat.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stat.add_argument("--nic", action="store_true",
                       help="also show each RDMA port's hardware counters (sysfs)")

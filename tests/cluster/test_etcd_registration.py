@@ -6,6 +6,8 @@ graceful leave (leaving, then gone), a three-member etcd losing one, and
 import json
 import signal
 
+import gdrkv
+
 from gdrkv.cluster.etcd import Etcd
 from gdrkv.cluster.members import prefix
 
@@ -42,6 +44,27 @@ def test_the_entry_says_where_how_big_and_which_zone_and_nothing_secret(
     assert stat(stats, "cluster_state") == 2          # serving
     assert stat(stats, "cluster_etcd_errors") == 0
     assert stat(stats, "cluster_lease_age_ms") <= TTL_MS
+
+
+def test_a_wildcard_listener_advertises_this_hosts_address(etcd, cluster_name, start_member,
+                                                           view):
+    """Listening on 0.0.0.0, the entry names the address of this host on its
+    route to etcd (here loopback), with the port bound."""
+    server = start_member(0, "--insecure-no-auth", listen="0.0.0.0:0")
+    advertised = f"127.0.0.1:{server.port}"
+    wait_for(lambda: advertised in addresses(view), 10, "the entry")
+    assert entries(etcd, cluster_name)[advertised][0]["addr"] == advertised
+
+
+def test_an_in_process_server_joins_and_its_metrics_say_so(etcd, cluster_name, view):
+    """gdrkv.Server(cluster=...) registers too; /metrics' text shows the
+    state, and close() leaves (leaving, then gone) before it stops."""
+    with gdrkv.Server(memory="32MiB", pretouch=False, cluster=etcd.url(cluster_name),
+                      zone="here", cluster_ttl_ms=TTL_MS, cluster_leave_ms=0) as server:
+        wait_for(lambda: server.address in addresses(view), 10, "the entry")
+        wait_for(lambda: "gdrkv_cluster_state 2" in server.metrics(), 5, "serving in metrics")
+        assert "gdrkv_cluster_etcd_errors_total 0" in server.metrics()
+    assert server.address not in addresses(view)
 
 
 def test_a_killed_member_leaves_the_table_within_the_ttl(start_member, view):
