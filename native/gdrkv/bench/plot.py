@@ -66,7 +66,7 @@ def plot_timeline(report, path):
         for at, what in report["events"]:
             ax.axvline(at, linestyle="--", color="grey")
             if ax is top:
-                ax.annotate(what, (at, 0), textcoords="offset points", xytext=(3, 3))
+                ax.text(at, 0.02, f" {what}", transform=ax.get_xaxis_transform())
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small", loc="upper right")
     options = report["options"]
