@@ -6,6 +6,8 @@ graceful leave (leaving, then gone), a three-member etcd losing one, and
 import json
 import signal
 
+import pytest
+
 import gdrkv
 
 from gdrkv.cluster.etcd import Etcd
@@ -157,3 +159,20 @@ def test_cluster_status_lists_the_members(etcd, cluster_name, start_member, view
         assert 0 < row["lease_ttl_s"] <= TTL_MS / 1000 and row["lease_age_s"] >= 0
     table = run_gdrkv("cluster", "status", etcd.url(cluster_name, "gdrkv+etcd"))
     assert table.returncode == 0 and all(s.address in table.stdout for s in servers)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(cluster_ttl_ms=1500), "cluster_ttl_ms must be whole seconds, at least 2000"),
+    (dict(cluster_ttl_ms=2500), "cluster_ttl_ms must be whole seconds, at least 2000"),
+    (dict(cluster_leave_ms=700000), "cluster_leave_ms must be at most 600000"),
+    (dict(zone="x" * 256), "zone must be 1 to 255 bytes"),
+    (dict(cluster=None, advertise="10.0.0.1:7480"), "advertise and zone need a cluster"),
+    (dict(cluster="etcd://127.0.0.1:1/"), "needs a name"),
+    (dict(cluster="http://127.0.0.1:1/x"), "not a cluster URL"),
+    (dict(advertise="10.0.0.1"), "advertise must be host:port"),
+])
+def test_bad_cluster_options_are_refused_by_name(options, message):
+    settings = {"memory": "16MiB", "pretouch": False, "cluster": "etcd://127.0.0.1:1/x",
+                **options}
+    with pytest.raises(ValueError, match=message):
+        gdrkv.Server(**settings)
