@@ -261,7 +261,10 @@ class Client:
         with self._calls:
             servers = {}
             for i in range(lib.gdrkv_client_nservers(self._handle)):
-                name = read_address(lib.gdrkv_client_server_name, self._handle, i)
+                try:
+                    name = read_address(lib.gdrkv_client_server_name, self._handle, i)
+                except GdrkvError:
+                    break           # the members changed meanwhile (_set_members)
                 try:
                     servers[name] = read_counters(lib.gdrkv_client_server_stats, self._handle, i)
                 except GdrkvError as e:

@@ -5,14 +5,12 @@ minimal movement on a join or a leave, shares that follow the weights,
 replicas in distinct domains whenever there are enough."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gdrkv
+from support.util import python_child
 
 GIB = 1 << 30
 MAX_REPLICAS = 8
@@ -37,11 +35,11 @@ def clusters(draw, min_members=1, max_members=12):
 keys = st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=40, unique=True)
 
 PLACE_SCRIPT = """
-import json, sys, gdrkv
-cases = json.load(sys.stdin)
+import json
+cases = json.loads(ARGS[0])
 out = [[gdrkv.place(bytes.fromhex(k), [tuple(m) for m in members], r) for k in ks]
        for members, r, ks in cases]
-json.dump(out, sys.stdout)
+print(json.dumps(out))
 """
 
 
@@ -53,10 +51,8 @@ def test_the_same_in_every_process(cases):
     mine = [[gdrkv.place(k, members, r) for k in ks] for (members, r), ks in cases]
     payload = json.dumps([[members, r, [k.hex() for k in ks]] for (members, r), ks in cases])
     for hash_seed in ("1", "4242"):
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        theirs = subprocess.run([sys.executable, "-c", PLACE_SCRIPT], input=payload, env=env,
-                                capture_output=True, text=True, check=True, timeout=120)
-        assert json.loads(theirs.stdout) == mine
+        theirs = python_child(PLACE_SCRIPT, payload, env={"PYTHONHASHSEED": hash_seed})
+        assert json.loads(theirs) == mine
 
 
 def domain(member):
