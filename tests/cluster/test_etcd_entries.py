@@ -1,12 +1,15 @@
 """What is read from etcd is checked, never trusted (#40): a member entry
 of any other shape is left out (and logged), whatever its bytes; cluster
 URLs are parsed or refused by name."""
+import http.server
 import json
 import os
+import threading
 
 import pytest
 from hypothesis import given, strategies as st
 
+from gdrkv.cluster.etcd import Etcd, EtcdError
 from gdrkv.cluster.members import (CLIENT_SCHEME, Member, entry_key, make_entry, parse_cluster,
                                    parse_entry)
 
@@ -48,6 +51,64 @@ def test_any_bytes_are_a_member_or_left_out(value):
 def test_any_json_is_a_member_or_left_out(fields):
     member = parse_entry(NAME, entry_key(NAME, ADDR), json.dumps({**GOOD, **fields}).encode())
     assert member is None or (member.capacity > 0 and member.state in ("serving", "leaving"))
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with the server's `body`, whatever was asked."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def fake_etcd():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.sampled_from(["kvs", "key", "value", "lease", "ID",
+                                                       "TTL", "result", "header", "revision",
+                                                       "events", "kv", "created", "type",
+                                                       "canceled", "code", "error"]),
+                                      inner, max_size=5), max_leaves=20)
+
+
+@given(st.one_of(st.binary(max_size=300), JSON.map(lambda v: json.dumps(v).encode())),
+       st.sampled_from([200, 200, 400, 500]))
+def test_any_answer_of_etcd_is_a_result_or_an_etcd_error(fake_etcd, body, status):
+    """What an endpoint answers is never trusted: each call returns or
+    raises EtcdError, whatever the bytes."""
+    fake_etcd.body, fake_etcd.status = body, status
+    client = Etcd([f"127.0.0.1:{fake_etcd.server_address[1]}"], timeout_s=5)
+    for call in (lambda: client.range_prefix(b"/p/"), lambda: client.grant(5),
+                 lambda: client.keepalive(7), lambda: client.time_to_live(7),
+                 lambda: client.revoke(7), lambda: client.put(b"k", b"v", 7)):
+        try:
+            call()
+        except EtcdError:
+            pass
+    try:
+        watch = client.watch(b"/p/", 1, idle_s=5)
+        try:
+            for _ in watch.events():
+                pass
+        finally:
+            watch.close()
+    except EtcdError:
+        pass
 
 
 def test_cluster_urls():

@@ -64,6 +64,17 @@ def prefix_end(prefix):
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
+def _malformed(function):
+    """Turns an answer of the wrong shape (a field of another type, bad
+    base64) into an EtcdError, like any other failed request."""
+    def checked(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ValueError, TypeError, AttributeError, KeyError) as e:
+            raise EtcdError(f"malformed answer from etcd: {e!r}") from None
+    return checked
+
+
 def _split(endpoint):
     host, _, port = endpoint.rpartition(":")
     return host.strip("[]"), int(port)
@@ -129,6 +140,7 @@ class Etcd:
             body["lease"] = str(lease)
         self.post("/v3/kv/put", body)
 
+    @_malformed
     def range_prefix(self, prefix):
         """(revision, [(key, value, lease id)]) of every key under prefix."""
         answer = self.post("/v3/kv/range", {"key": _b64(prefix),
@@ -139,6 +151,7 @@ class Etcd:
 
     # ------------------------------------------------------------ leases
 
+    @_malformed
     def grant(self, ttl_s):
         """A new lease of ttl_s seconds; its id."""
         answer = self.post("/v3/lease/grant", {"TTL": str(ttl_s)})
@@ -147,11 +160,13 @@ class Etcd:
             raise EtcdError(f"lease grant gave no id: {answer}")
         return lease
 
+    @_malformed
     def keepalive(self, lease):
         """Renews the lease; its TTL in seconds, 0 when it is gone."""
         answer = self.post("/v3/lease/keepalive", {"ID": str(lease)})
         return int(answer.get("result", {}).get("TTL", 0))
 
+    @_malformed
     def time_to_live(self, lease):
         """Seconds the lease has left, -1 when it is gone."""
         answer = self.post("/v3/lease/timetolive", {"ID": str(lease)})
@@ -202,6 +217,8 @@ class Watch:
             self._resp = self._conn.getresponse()
             if self._resp.status != 200:
                 raise EtcdError(f"{endpoint}/v3/watch: HTTP {self._resp.status}")
+            if self._conn.sock is None:     # an answer that was all there is
+                raise EtcdError(f"{endpoint}/v3/watch: no stream")
             self._conn.sock.settimeout(idle_s)
             created = self._next()
         except BaseException:
@@ -225,19 +242,24 @@ class Watch:
         except ValueError:
             raise EtcdError(f"{self.endpoint} watch: not JSON: {line[:200]!r}") from None
         if not isinstance(message, dict) or "error" in message:
-            raise EtcdError(f"{self.endpoint} watch: {message}")
+            raise EtcdError(f"{self.endpoint} watch: {str(message)[:200]}")
         result = message.get("result", {})
+        if not isinstance(result, dict):
+            raise EtcdError(f"{self.endpoint} watch: result {str(result)[:200]}")
         if result.get("canceled"):
             raise EtcdError(f"{self.endpoint} watch canceled: "
                             f"{result.get('cancel_reason', 'compacted?')}")
         return result
 
+    @_malformed
+    def _batch(self, result):
+        return [(event.get("type", "PUT"), _unb64(event.get("kv", {}).get("key")),
+                 _unb64(event.get("kv", {}).get("value")))
+                for event in result.get("events", [])]
+
     def events(self):
         while True:
-            result = self._next()
-            batch = [(event.get("type", "PUT"), _unb64(event.get("kv", {}).get("key")),
-                      _unb64(event.get("kv", {}).get("value")))
-                     for event in result.get("events", [])]
+            batch = self._batch(self._next())
             if batch:
                 yield batch
 

@@ -116,7 +116,9 @@ class Registration:
                     self._renew()
                 else:
                     self._register()
-            except (EtcdError, OSError) as e:
+            except Exception as e:      # etcd's failures; a bug too must not stop the thread
+                if not isinstance(e, (EtcdError, OSError)):
+                    log.exception("gdrkv cluster %s: keeping the entry", self.name)
                 self._failed("keeping the lease" if self._lease else "registering", e)
                 expired = time.monotonic_ns() - self._renewed_ns > self.ttl_s * 1e9
                 with self._lock:

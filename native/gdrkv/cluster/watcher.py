@@ -159,9 +159,11 @@ class Membership:
                 self._follow()
             except WatchIdle:
                 continue
-            except (EtcdError, OSError) as e:
+            except Exception as e:      # etcd's failures; a bug too must not stop the thread
                 if self._stop.is_set():
                     break
+                if not isinstance(e, (EtcdError, OSError)):
+                    log.exception("gdrkv cluster %s: following the members", self.name)
                 self._failed(e)
                 self.first_read.set()
                 self._stop.wait(self._backoff)
