@@ -52,6 +52,12 @@ def release(membership):
     membership.stop()
 
 
+def _table(by_key):
+    """What the clients' tables are made of: each member's address,
+    capacity, zone and state (not when it registered)."""
+    return {key: member[:4] for key, member in by_key.items()}
+
+
 class Membership:
     def __init__(self, endpoints, name):
         self.name = name
@@ -106,9 +112,10 @@ class Membership:
         """Makes by_key the table; tells the subscribers when it changed."""
         with self._deliver_lock:
             with self._lock:
-                if by_key == self._by_key:
-                    return
+                same = _table(by_key) == _table(self._by_key)
                 self._by_key = by_key
+                if same:            # a member registered again, on a new lease
+                    return
                 current = sorted(by_key.values())
                 callbacks = [s() for s in self._subscribers]
             log.info("gdrkv cluster %s: %d members: %s", self.name, len(current),
