@@ -172,3 +172,33 @@ def test_a_member_leaving_is_read_but_takes_no_puts(four, make_client):
     assert client.batch_put_copies(later, [0] * 200, [0] * 200) == [2] * 200
     assert not any(holders(make_client, four[:1], later, ns)[i] for i in range(200))
     assert client.batch_exists(later) == [True] * 200
+
+
+def test_a_cold_lookup_costs_one_round_trip_unless_its_key_moved(server_factory, make_client):
+    """While the table is young only the keys whose owner changed are asked
+    twice (new owner, then previous); every other miss is final at once,
+    and after settle_ms every miss is."""
+    five = [server_factory(memory="64MiB") for _ in range(5)]
+    client = make_client(None, _members_later=True, namespace=unique("cold"), settle_ms=60000)
+    client._set_members(members(five[:4]))
+    client._set_members(members(five))
+    cold = [f"cold-{i}" for i in range(1000)]
+    moved = [k for k in cold
+             if gdrkv.place(k, members(five), 1) != gdrkv.place(k, members(five[:4]), 1)]
+    assert moved
+
+    def asked():
+        """Keys the servers were asked about (each of these reads misses)."""
+        return sum(stat(s.stats(), "keys_exists") for s in five)
+
+    before = asked()
+    assert client.batch_exists(cold) == [False] * len(cold)
+    assert asked() - before == len(cold) + len(moved)
+    assert stat(client.stats()["client"], "read_throughs") == len(moved)
+
+    settled = make_client(None, _members_later=True, namespace=unique("cold"), settle_ms=0)
+    settled._set_members(members(five[:4]))
+    settled._set_members(members(five))
+    before = asked()
+    assert settled.batch_exists(cold) == [False] * len(cold)
+    assert asked() - before == len(cold)
