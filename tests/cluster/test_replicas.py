@@ -93,6 +93,15 @@ def test_a_killed_member_costs_no_failed_read(four, make_client):
     assert max(calls) <= TIMEOUT_MS / 1000 + MARGIN_S
     assert stat(client.stats()["client"], "failovers") > 0
 
+    # PUTs go on: stored where one copy was written, and they say so.
+    later = [f"later-{i}" for i in range(100)]
+    copies = batch_put_bytes(client, later, [k.encode() for k in later], copies=True)
+    lost = [k for k in later if four[1].address in
+            [members(four)[i][0] for i in gdrkv.place(k, members(four), 2)]]
+    assert copies == [1 if k in lost else 2 for k in later]
+    assert stat(client.stats()["client"], "put_copies_short") == len(lost)
+    assert client.batch_exists(later) == [True] * len(later)
+
 
 def test_a_frozen_member_is_fallen_over_within_the_timeout(four, make_client):
     client = make_client(None, _members_later=True, namespace=unique("freeze"), replicas=2,
@@ -202,3 +211,15 @@ def test_a_cold_lookup_costs_one_round_trip_unless_its_key_moved(server_factory,
     before = asked()
     assert settled.batch_exists(cold) == [False] * len(cold)
     assert asked() - before == len(cold)
+
+
+def test_a_delete_while_young_is_not_read_back_through(server_factory, make_client):
+    five = [server_factory(memory="64MiB") for _ in range(5)]
+    keys = [f"del-{i}" for i in range(300)]
+    client = make_client(None, _members_later=True, namespace=unique("del"), settle_ms=60000)
+    client._set_members(members(five[:4]))
+    assert batch_put_bytes(client, keys, [k.encode() for k in keys]) == [0] * len(keys)
+    client._set_members(members(five))
+    assert client.batch_exists(keys) == [True] * len(keys)      # read through
+    assert client.batch_delete(keys) == [0] * len(keys)
+    assert client.batch_exists(keys) == [False] * len(keys)
