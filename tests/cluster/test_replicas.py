@@ -14,8 +14,6 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.servers import freeze
 from support.util import background, stat, unique, wait_for
 
-pytestmark = pytest.mark.pool_file
-
 MIB = 1 << 20
 TIMEOUT_MS = 1000
 MARGIN_S = 1.0                  # scheduling slack on a loaded 2-core machine
