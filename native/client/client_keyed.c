@@ -10,8 +10,9 @@
  *   GET and EXISTS, in passes: the first candidate, then on UNAVAILABLE,
  *           TIMEOUT or DENIED the next one (fail-over), within the call's
  *           deadline. A miss at a member not leaving is final, except while
- *           the table is younger than settle_ms: then the key is read again
- *           at its owners under the previous table (read-through; the
+ *           the table is younger than settle_ms and the key's owners under
+ *           the previous table were others: then the key is asked of its
+ *           other candidates in turn, those owners last (read-through; the
  *           object is not copied to its new owner, whose own PUTs fill it).
  * A read's order: the top `replicas` members leaving or not (a member
  * draining still holds what it was given), then those not leaving, then
@@ -28,10 +29,11 @@
 
 #define MAX_CANDIDATES (3 * PLACEMENT_MAX_REPLICAS)
 
-/* What a miss at a candidate means. */
+/* What a miss at a candidate means. The previous table's owners come
+ * last, so a key has some of them when its last candidate is one. */
 enum candidate_kind {
     CAND_LEAVING,   /* a member draining: go on to the next */
-    CAND_OWNER,     /* final, or on to the previous owners while young */
+    CAND_OWNER,     /* final, unless the key has previous owners left */
     CAND_PREVIOUS,  /* an owner under the previous table: go on */
 };
 
@@ -170,18 +172,18 @@ static int next_candidate(struct gdrkv_client *c, const struct candidates *cd, u
         gk_counter_add(&c->counters.failovers, 1);
         return 1;
     }
-    if (result != GDRKV_E_NOT_FOUND)
+    if (result != GDRKV_E_NOT_FOUND || p + 1 >= n)
         return 0;
     if (kind[p] == CAND_OWNER) {
-        while (++p < n && kind[p] != CAND_PREVIOUS)
-            ;
-        if (p < n)
-            gk_counter_add(&c->counters.read_throughs, 1);
-    } else {
-        p++;
+        /* Final, unless the key had other owners under the previous table
+         * (young tables only list them): then every copy is asked in turn,
+         * the new table's replicas first. */
+        if (kind[n - 1] != CAND_PREVIOUS)
+            return 0;
+        gk_counter_add(&c->counters.read_throughs, 1);
     }
-    *pos = (uint8_t)p;
-    return p < n;
+    *pos = (uint8_t)(p + 1);
+    return 1;
 }
 
 /* GET and EXISTS: passes until every key has its answer or the deadline

@@ -14,8 +14,6 @@ from support.content import batch_get_bytes, batch_put_bytes, check_read, conten
 from support.servers import freeze
 from support.util import background, stat, unique, wait_for
 
-pytestmark = pytest.mark.pool_file
-
 MIB = 1 << 20
 TIMEOUT_MS = 1000
 MARGIN_S = 1.0                  # scheduling slack on a loaded 2-core machine
@@ -92,6 +90,15 @@ def test_a_killed_member_costs_no_failed_read(four, make_client):
     assert sum(hits) >= 0.99 * len(hits), f"{len(hits) - sum(hits)} misses of {len(hits)}"
     assert max(calls) <= TIMEOUT_MS / 1000 + MARGIN_S
     assert stat(client.stats()["client"], "failovers") > 0
+
+    # PUTs go on: stored where one copy was written, and they say so.
+    later = [f"later-{i}" for i in range(100)]
+    copies = batch_put_bytes(client, later, [k.encode() for k in later], copies=True)
+    lost = [k for k in later if four[1].address in
+            [members(four)[i][0] for i in gdrkv.place(k, members(four), 2)]]
+    assert copies == [1 if k in lost else 2 for k in later]
+    assert stat(client.stats()["client"], "put_copies_short") == len(lost)
+    assert client.batch_exists(later) == [True] * len(later)
 
 
 def test_a_frozen_member_is_fallen_over_within_the_timeout(four, make_client):
@@ -172,3 +179,45 @@ def test_a_member_leaving_is_read_but_takes_no_puts(four, make_client):
     assert client.batch_put_copies(later, [0] * 200, [0] * 200) == [2] * 200
     assert not any(holders(make_client, four[:1], later, ns)[i] for i in range(200))
     assert client.batch_exists(later) == [True] * 200
+
+
+def test_a_cold_lookup_costs_one_round_trip_unless_its_key_moved(server_factory, make_client):
+    """While the table is young only the keys whose owner changed are asked
+    twice (new owner, then previous); every other miss is final at once,
+    and after settle_ms every miss is."""
+    five = [server_factory(memory="64MiB") for _ in range(5)]
+    client = make_client(None, _members_later=True, namespace=unique("cold"), settle_ms=60000)
+    client._set_members(members(five[:4]))
+    client._set_members(members(five))
+    cold = [f"cold-{i}" for i in range(1000)]
+    moved = [k for k in cold
+             if gdrkv.place(k, members(five), 1) != gdrkv.place(k, members(five[:4]), 1)]
+    assert moved
+
+    def asked():
+        """Keys the servers were asked about (each of these reads misses)."""
+        return sum(stat(s.stats(), "keys_exists") for s in five)
+
+    before = asked()
+    assert client.batch_exists(cold) == [False] * len(cold)
+    assert asked() - before == len(cold) + len(moved)
+    assert stat(client.stats()["client"], "read_throughs") == len(moved)
+
+    settled = make_client(None, _members_later=True, namespace=unique("cold"), settle_ms=0)
+    settled._set_members(members(five[:4]))
+    settled._set_members(members(five))
+    before = asked()
+    assert settled.batch_exists(cold) == [False] * len(cold)
+    assert asked() - before == len(cold)
+
+
+def test_a_delete_while_young_is_not_read_back_through(server_factory, make_client):
+    five = [server_factory(memory="64MiB") for _ in range(5)]
+    keys = [f"del-{i}" for i in range(300)]
+    client = make_client(None, _members_later=True, namespace=unique("del"), settle_ms=60000)
+    client._set_members(members(five[:4]))
+    assert batch_put_bytes(client, keys, [k.encode() for k in keys]) == [0] * len(keys)
+    client._set_members(members(five))
+    assert client.batch_exists(keys) == [True] * len(keys)      # read through
+    assert client.batch_delete(keys) == [0] * len(keys)
+    assert client.batch_exists(keys) == [False] * len(keys)
