@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 import gdrkv
 # First: it points GDRKV_IBVERBS_LIB at softverbs before anything loads libibverbs.
 import support.softverbs  # noqa: F401
+from support.etcd import LEAVE_MS, TTL_MS, EtcdCluster
 from support.servers import FakeServer, ServerSet
 from support.util import TESTS_DIR, unique
 
@@ -95,6 +96,37 @@ def client(server, make_client):
     """A client of the module's server in a namespace of its own, so tests
     sharing the server never see each other's keys."""
     return make_client(server.url, namespace=unique("ns"))
+
+
+# ---------------------------------------------------------------- clusters
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real one-member etcd of this test (support/etcd.py)."""
+    cluster = EtcdCluster(str(tmp_path)).start()
+    yield cluster
+    cluster.stop_all()
+
+
+@pytest.fixture
+def cluster_name():
+    return unique("c")
+
+
+@pytest.fixture
+def start_member(server_factory, etcd, cluster_name):
+    """start_member(i, *args, memory=..., cluster=URL, listen=...) -> a
+    `gdrkv serve` on 127.0.0.<i+2> (or listen) in the test's cluster (or
+    cluster), with short leases
+    and zone "z<i>" unless args give one. Its clients: etcd.url(cluster_name,
+    "gdrkv+etcd")."""
+    def start(i, *args, memory="64MiB", cluster=None, listen=None):
+        zone = [] if "--zone" in args else ["--zone", f"z{i}"]
+        return server_factory(memory, args=[
+            "--cluster", cluster or etcd.url(cluster_name), "--cluster-ttl-ms", str(TTL_MS),
+            "--cluster-leave-ms", str(LEAVE_MS), *zone, *args],
+            listen=listen or f"127.0.0.{i + 2}:0")
+    return start
 
 
 # ---------------------------------------------------------------- fake servers

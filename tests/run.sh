@@ -37,6 +37,9 @@ command -v make >/dev/null || need_apt+=(make)
 command -v clang >/dev/null || need_apt+=(clang)
 # Prometheus, which scrapes `gdrkv serve --metrics-listen` in test_metrics.
 command -v prometheus >/dev/null || need_apt+=(prometheus)
+# etcd, where the tests of tests/cluster keep the members of their clusters
+# (tests/support/etcd.py starts it; etcdctl is not needed).
+command -v etcd >/dev/null || need_apt+=(etcd-server)
 export GDRKV_REQUIRE_LIBFUZZER=1
 if [ ${#need_apt[@]} -gt 0 ]; then
     phase "installing Debian packages: ${need_apt[*]}"

@@ -6,7 +6,8 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, extract_plugi
 from .connector import GdrkvConnector, config_error
 
 PLUGIN_TYPE = "gdrkv"
-URL_SCHEME = "gdrkv://"
+# A list of servers, or a cluster whose members are in etcd.
+URL_SCHEMES = ("gdrkv://", "gdrkv+etcd://")
 
 logger = init_logger(__name__)
 
@@ -29,19 +30,19 @@ class GdrkvConnectorAdapter(ConnectorAdapter):
     def can_parse(self, url):
         # LMCache asks every loaded adapter about every plugin: answer only
         # for gdrkv ones, never for another plugin whose name merely starts so.
-        if url.startswith(URL_SCHEME):
+        if url.startswith(URL_SCHEMES):
             return True
         return (url.startswith("plugin://")
                 and extract_plugin_type(url.removeprefix("plugin://")) == PLUGIN_TYPE)
 
     def create_connector(self, context):
         config = context.config
-        if context.url.startswith(URL_SCHEME):
+        if context.url.startswith(URL_SCHEMES):
             return GdrkvConnector(context.loop, context.local_cpu_backend, config,
                                   context.metadata, context.url)
         option = f"remote_storage_plugin.{context.plugin_name}.url"
         url = (config.extra_config or {}).get(option)
-        if not url and (config.remote_url or "").startswith(URL_SCHEME):
+        if not url and (config.remote_url or "").startswith(URL_SCHEMES):
             # LMCache logs this as "Failed to create remote backend for plugin
             # gdrkv" and goes on without it: the one way it offers to not
             # build a backend.
@@ -50,6 +51,7 @@ class GdrkvConnectorAdapter(ConnectorAdapter):
                                "builds no second backend (configs/lmcache/remote-url.yaml)")
         if not url:
             raise config_error(f"extra_config has no {option!r}: "
-                               "set it to gdrkv://host:port[,host:port...]")
+                               "set it to gdrkv://host:port[,host:port...] or "
+                               "gdrkv+etcd://etcd:2379[,...]/CLUSTER")
         return GdrkvConnector(context.loop, context.local_cpu_backend, config,
                               context.metadata, url)

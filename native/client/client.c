@@ -3,9 +3,9 @@
  * the public entry points, each of which becomes a keyed batch or a
  * keyless call (client_call.c).
  *
- * A client is shared by many threads: the server table and options never
- * change after open, each server guards its own pool and health, and the
- * counters are atomics. gdrkv_client_close frees everything; the binding
+ * A client is shared by many threads: the options never change after
+ * open, the server table is swapped whole (client_table.c), each server
+ * guards its own pool and health, and the counters are atomics. gdrkv_client_close frees everything; the binding
  * drops its pointer then, and a NULL client reads as closed.
  */
 #include <stdarg.h>
@@ -18,10 +18,14 @@
 #include "client_call.h"
 #include "client_rdma.h"
 #include "client_server.h"
+#include "client_table.h"
 #include "common/net.h"
 
-#define CLIENT_DEFAULT_PORT 7480
 #define CLIENT_MAX_CONNS 64
+/* Read-through lasts two of the cluster's default lease TTLs (5 s): by
+ * then the PUTs of keys the change moved have mostly landed at their new
+ * owners. */
+#define CLIENT_DEFAULT_SETTLE_MS 10000
 /* shm copies, out of the pool and into staging, are shared with up to 7
  * helpers (one fewer than the CPUs) from 512 KiB on a host of 8 CPUs or
  * more: one core copies well below what the pool and staging take, and
@@ -56,6 +60,8 @@ void gdrkv_client_opts_init(gdrkv_client_opts *opts)
         .conns = 4,
         .backoff_min_ms = 100,
         .backoff_max_ms = 5000,
+        .replicas = 1,
+        .settle_ms = CLIENT_DEFAULT_SETTLE_MS,
     };
 }
 
@@ -75,8 +81,15 @@ static int open_error(char *err, size_t errlen, int code, const char *fmt, ...)
 
 static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
 {
-    if (!o->servers || !*o->servers)
+    int no_servers = !o->servers || !*o->servers;
+    if (no_servers && !o->members_later)
         return open_error(err, errlen, GDRKV_E_INVALID, "empty server list");
+    if (!no_servers && o->members_later)
+        return open_error(err, errlen, GDRKV_E_INVALID,
+                          "members_later takes no server list: members come later");
+    if (o->replicas == 0 || o->replicas > PLACEMENT_MAX_REPLICAS)
+        return open_error(err, errlen, GDRKV_E_INVALID, "replicas must be 1..%d",
+                          PLACEMENT_MAX_REPLICAS);
     if (o->ns && strlen(o->ns) > GK_MAX_NS_LEN)
         return open_error(err, errlen, GDRKV_E_INVALID,
                           "namespace '%.40s...' is longer than %d bytes",
@@ -97,77 +110,6 @@ static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
     return 0;
 }
 
-#define UNIX_PREFIX "unix:"
-
-/* Parses one entry of the server list (len bytes at spec) into the next
- * slot: "host[:port]", or "unix:PATH" for a local server's socket. */
-static int add_server(gdrkv_client *c, const char *spec, size_t len, char *err, size_t errlen)
-{
-    char text[CLIENT_SERVER_NAME_MAX];
-    struct gk_addr addr;
-    const char *unix_path = NULL;
-
-    while (len && (*spec == ' ' || *spec == '\t'))
-        spec++, len--;
-    while (len && (spec[len - 1] == ' ' || spec[len - 1] == '\t'))
-        len--;
-    if (len == 0)
-        return open_error(err, errlen, GDRKV_E_INVALID, "empty entry in the server list");
-    if (len >= sizeof text)
-        return open_error(err, errlen, GDRKV_E_INVALID,
-                          "server address '%.40s...' is too long", spec);
-    memcpy(text, spec, len);
-    text[len] = '\0';
-    if (!strncmp(text, UNIX_PREFIX, strlen(UNIX_PREFIX))) {
-        unix_path = text + strlen(UNIX_PREFIX);
-        if (!*unix_path || strlen(unix_path) >= GK_UNIX_PATH_MAX)
-            return open_error(err, errlen, GDRKV_E_INVALID,
-                              "bad unix socket path in '%s' (1..%d bytes)", text,
-                              GK_UNIX_PATH_MAX - 1);
-    } else if (gk_parse_addr(text, CLIENT_DEFAULT_PORT, &addr)) {
-        return open_error(err, errlen, GDRKV_E_INVALID,
-                          "bad server address '%s' (want host:port or unix:PATH)", text);
-    }
-
-    struct client_server *s = &c->servers[c->nservers];
-    int rc = client_server_init(s, unix_path ? NULL : &addr, unix_path, &c->opts, c->rdma,
-                                c->token.len ? &c->token : NULL);
-    if (rc == GDRKV_E_INVALID && unix_path)
-        return open_error(err, errlen, rc, "server %s is a unix socket: transport %s can't "
-                          "reach it (shm and auto can)", text,
-                          c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "rdma");
-    if (rc == GDRKV_E_INVALID)
-        return open_error(err, errlen, rc, "server %s can't use transport shm: shm needs a "
-                          "local server (a loopback address or unix:PATH)", text);
-    if (rc)
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    s->ep.gpu_pins = &c->gpu_pins;
-    c->seeds[c->nservers++] = s->seed;
-    for (uint32_t i = 0; i + 1 < c->nservers; i++)
-        if (!strcmp(c->servers[i].ep.name, s->ep.name))
-            return open_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice", s->ep.name);
-    return 0;
-}
-
-static int add_servers(gdrkv_client *c, const char *list, char *err, size_t errlen)
-{
-    uint32_t n = 1;
-    for (const char *p = list; *p; p++)
-        n += *p == ',';
-    c->servers = calloc(n, sizeof *c->servers);
-    c->seeds = calloc(n, sizeof *c->seeds);
-    if (!c->servers || !c->seeds)
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
-    for (const char *p = list;; p++) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        int rc = add_server(c, p, len, err, errlen);
-        if (rc || !comma)
-            return rc;
-        p = comma;
-    }
-}
-
 int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *err, size_t errlen)
 {
     if (!opts || !out)
@@ -179,6 +121,10 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     gdrkv_client *c = calloc(1, sizeof *c);
     if (!c)
         return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    if (pthread_mutex_init(&c->table_lock, NULL))
+        goto no_table_lock;
+    if (pthread_mutex_init(&c->swap_lock, NULL))
+        goto no_swap_lock;
     if (client_regions_init(&c->regions))
         goto no_regions;
     int many_cpus = sysconf(_SC_NPROCESSORS_ONLN) >= CLIENT_COPY_MANY_CPUS;
@@ -208,7 +154,7 @@ int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *e
     c->ns.name = (const uint8_t *)c->ns_name;
     c->ns.len = (uint32_t)strlen(c->ns_name);
 
-    rc = add_servers(c, opts->servers, err, errlen);
+    rc = client_table_open(c, opts->members_later ? NULL : opts->servers, err, errlen);
     if (rc) {
         gdrkv_client_close(c);
         return rc;
@@ -222,6 +168,10 @@ no_rdma:
 no_copier:
     client_regions_destroy(&c->regions);
 no_regions:
+    pthread_mutex_destroy(&c->swap_lock);
+no_swap_lock:
+    pthread_mutex_destroy(&c->table_lock);
+no_table_lock:
     free(c);
     return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
 }
@@ -230,16 +180,15 @@ void gdrkv_client_close(gdrkv_client *c)
 {
     if (!c)
         return;
-    for (uint32_t i = 0; i < c->nservers; i++)
-        client_server_destroy(&c->servers[i]);
-    free(c->servers);
-    free(c->seeds);
+    client_table_close(c);
     client_regions_destroy(&c->regions);
     gk_copier_destroy(&c->copier);
     gpu_serial_free(&c->gpu_put_streams);   /* after the connections that launched on them */
     /* After the servers: their connections' QPs go before the device. */
     client_rdma_destroy(c->rdma);
     free(c->rdma);
+    pthread_mutex_destroy(&c->swap_lock);
+    pthread_mutex_destroy(&c->table_lock);
     free(c);
 }
 
@@ -325,6 +274,17 @@ int gdrkv_batch_get_stream(gdrkv_client *c, uint32_t n, const char *keys,
                      stream);
 }
 
+int gdrkv_batch_put_copies(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream)
+{
+    struct client_keys k = {.n = n, .keys = keys, .key_lens = key_lens, .seg_ptrs = seg_ptrs,
+                            .seg_lens = seg_lens, .seg_counts = seg_counts, .results = results,
+                            .stream = stream, .want_copies = 1};
+    return client_keyed_call(c, GK_OP_PUT, &k);
+}
+
 int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
                        int64_t *results)
 {
@@ -341,19 +301,21 @@ int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys, const uint
 
 /* ------------------------------------------------------------ every server */
 
-/* Runs op on every server; returns the first failure, else the sum of the
- * servers' results. */
+/* Runs op on every server of the current table; returns the first
+ * failure, else the sum of the servers' results. */
 static int64_t on_every_server(gdrkv_client *c, uint8_t op)
 {
     if (!c)
         return GDRKV_E_CLOSED;
-    int64_t *results = calloc(c->nservers, sizeof *results);
-    if (!results)
-        return GDRKV_E_INTERNAL;
-    int64_t total = client_server_call(c, op, 0, c->nservers, results, NULL, 0);
-    for (uint32_t i = 0; i < c->nservers && total >= 0; i++)
+    struct client_table *t = client_table_get(c);
+    uint32_t n = t->cur.n;
+    int64_t *results = calloc(n ? n : 1, sizeof *results);
+    int64_t total = results ? client_server_call(c, t, op, 0, n, results, NULL, 0)
+                            : GDRKV_E_INTERNAL;
+    for (uint32_t i = 0; i < n && total >= 0; i++)
         total = results[i] < 0 ? results[i] : total + results[i];
     free(results);
+    client_table_put(t);
     return total;
 }
 
@@ -369,38 +331,45 @@ int gdrkv_ping(gdrkv_client *c)
 
 uint32_t gdrkv_client_nservers(gdrkv_client *c)
 {
-    return c ? c->nservers : 0;
+    return c ? client_table_members(c) : 0;
 }
 
 int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
 {
     if (!c)
         return GDRKV_E_CLOSED;
-    if (i >= c->nservers || !buf || !len)
+    if (!buf || !len)
         return GDRKV_E_INVALID;
-    snprintf(buf, len, "%s", c->servers[i].ep.name);
-    return 0;
+    struct client_table *t = client_table_get(c);
+    int rc = i < t->cur.n ? 0 : GDRKV_E_INVALID;
+    if (rc == 0)
+        snprintf(buf, len, "%s", t->all[i]->ep.name);
+    client_table_put(t);
+    return rc;
 }
 
 int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len)
 {
     if (!c)
         return GDRKV_E_CLOSED;
-    if (i >= c->nservers || !buf || !len)
+    if (!buf || !len)
         return GDRKV_E_INVALID;
+    struct client_table *t = client_table_get(c);
     int64_t result;
     buf[0] = '\0';
-    int rc = client_server_call(c, GK_OP_STATS, i, 1, &result, buf, len);
+    int rc = i < t->cur.n ? client_server_call(c, t, GK_OP_STATS, i, 1, &result, buf, len)
+                          : GDRKV_E_INVALID;
+    client_table_put(t);
     return rc ? rc : (int)result;
 }
 
 /* ------------------------------------------------------------ counters */
 
-static uint32_t servers_down(gdrkv_client *c)
+static uint32_t servers_down(struct client_table *t)
 {
     uint32_t down = 0;
-    for (uint32_t i = 0; i < c->nservers; i++)
-        down += (uint32_t)client_server_is_down(&c->servers[i]);
+    for (uint32_t i = 0; i < t->cur.n; i++)
+        down += (uint32_t)client_server_is_down(t->all[i]);
     return down;
 }
 
@@ -435,8 +404,10 @@ int gdrkv_client_stats(gdrkv_client *c, char *buf, size_t len)
 #undef OWN_TEXT
 #undef FROM_TEXT
 #undef RDMA_TEXT
-    gk_text_u64(&t, "servers", c->nservers);
-    gk_text_u64(&t, "servers_down", servers_down(c));
+    struct client_table *table = client_table_get(c);
+    gk_text_u64(&t, "servers", table->cur.n);
+    gk_text_u64(&t, "servers_down", servers_down(table));
+    client_table_put(table);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         if (gk_op(op)->transport)
             continue;

@@ -3,8 +3,11 @@
  * is include/gdrkv.h; every public operation goes down these files, each
  * including only the headers of the files below it:
  *
- *   client.c          public API: options, server table, registration, stats
- *   client_call.c     plan: a call -> checked, routed, striped keys -> jobs and frames
+ *   client.c          public API: options, registration, stats
+ *   client_table.c    the server table: an immutable snapshot of the members,
+ *                     swapped whole (gdrkv_client_set_members); gdrkv_place
+ *   client_keyed.c    a keyed call's passes: replicas, fail-over, read-through
+ *   client_call.c     plan: a pass -> checked, routed, striped keys -> jobs and frames
  *   client_run.c      run: connections for the jobs, the one poll loop, outcomes
  *   client_server.c   server: its endpoint, idle connections, health and backoff
  *   client_conn.c     conn: connect, send, receive, header checks; the exchange
@@ -20,7 +23,8 @@
  *   client_chunks.c   chunk lists of LEASE/RESERVE answers laid over segments
  *   client_iov.c      a frame's bytes as iovec windows over caller segments
  *   client_regions.c  registered memory ranges
- *   route.c           rendezvous hashing of keys to servers
+ *   placement.c       weighted rendezvous hashing, replicas over failure domains
+ *   route.c           the key and server hashes placement scores
  *
  * client_state.h, at the bottom, holds the structs they share: the client,
  * its counters, the pool mapping, and a call's batch, frames and jobs.

@@ -1,6 +1,7 @@
 /*
- * client_call.c - turns a call into jobs. A keyed batch: each key is
- * checked, routed, failed at once if its server is in backoff, else
+ * client_call.c - turns a call into jobs. A keyed batch's pass (which keys
+ * go where: client_keyed.c): each key is checked, its entries (one per
+ * server it goes to) failed at once if their server is in backoff, else
  * gathered with the other keys of its server; each server's share is
  * striped over connections and cut into frames within the protocol's
  * limits. A keyless call (PING, STATS, CLEAR) is one frame per server.
@@ -20,7 +21,7 @@
 #include "client_server.h"
 #include "client_shm.h"
 #include "common/common.h"
-#include "route.h"
+#include "client_table.h"
 
 /* Value bytes a stripe must carry to be worth a connection of its own:
  * below it another connection costs more in syscalls and wakeups than
@@ -35,7 +36,7 @@
 /* The first frame of a GPU GET carries this part of its stripe's bytes. */
 #define CLIENT_GPU_FIRST_FRAME_PART 8
 
-#define NO_SERVER UINT32_MAX
+#define NO_SERVER CLIENT_NO_SERVER
 
 /* One server's part in a call. */
 struct server_share {
@@ -50,14 +51,17 @@ struct server_share {
                                of this many bytes (0: they don't; staged_frame()) */
 };
 
-/* Per-key tables of a keyed call, indexed like the caller's keys. */
+/* Per-key tables of a keyed call, indexed like the caller's keys (the
+ * per-entry ones: e = r * n + i, see struct client_round). */
 struct key_tables {
-    struct server_share *shares;
+    struct server_share *shares;    /* one per server of the table */
     const struct gpu_call *gpu;     /* bad[i]: key i was refused for its GPU segments */
-    /* Several servers only (one server's keys are gathered as they are
-     * checked): */
-    uint32_t *server;       /* route, or NO_SERVER for a rejected key */
+    /* Several servers or copies only (one server's keys are gathered as
+     * they are checked): */
+    uint32_t *server;       /* per entry: where it goes, or NO_SERVER */
     uint64_t *size;         /* value bytes (PUT) or capacity (GET) */
+    uint64_t *first_seg;    /* the key's first segment */
+    uint64_t *key_off;      /* the key's bytes in the caller's keys */
 };
 
 /* ------------------------------------------------------------ memory */
@@ -74,18 +78,24 @@ static void *arena_take(struct arena *a, size_t bytes)
     return p;
 }
 
+/* n keys of key_bytes, entries = n * copies positions at most. */
 static void lay_out_keys(struct arena *a, struct key_tables *t, struct client_batch *b,
-                         uint32_t n, uint32_t nservers, uint64_t key_bytes)
+                         uint32_t n, uint32_t copies, uint32_t nservers, int routed,
+                         uint64_t key_bytes)
 {
+    size_t entries = (size_t)n * copies;
     t->shares = arena_take(a, nservers * sizeof *t->shares);
-    t->size = nservers > 1 ? arena_take(a, n * sizeof *t->size) : NULL;
-    b->sizes = arena_take(a, n * sizeof *b->sizes);
-    b->first_seg = arena_take(a, n * sizeof *b->first_seg);
-    b->got = arena_take(a, n * sizeof *b->got);
-    t->server = nservers > 1 ? arena_take(a, n * sizeof *t->server) : NULL;
-    b->index = arena_take(a, n * sizeof *b->index);
-    b->key_lens = arena_take(a, n * sizeof *b->key_lens);
-    b->keys = arena_take(a, key_bytes);
+    t->size = routed ? arena_take(a, n * sizeof *t->size) : NULL;
+    t->first_seg = routed ? arena_take(a, n * sizeof *t->first_seg) : NULL;
+    t->key_off = routed ? arena_take(a, n * sizeof *t->key_off) : NULL;
+    t->server = routed ? arena_take(a, entries * sizeof *t->server) : NULL;
+    b->sizes = arena_take(a, entries * sizeof *b->sizes);
+    b->first_seg = arena_take(a, entries * sizeof *b->first_seg);
+    b->got = arena_take(a, entries * sizeof *b->got);
+    b->index = arena_take(a, entries * sizeof *b->index);
+    b->slot = copies > 1 ? arena_take(a, entries * sizeof *b->slot) : NULL;
+    b->key_lens = arena_take(a, entries * sizeof *b->key_lens);
+    b->keys = arena_take(a, key_bytes * copies);
 }
 
 /* ------------------------------------------------------------ planning */
@@ -255,12 +265,12 @@ static void lay_out_jobs(struct arena *a, struct client_call *call, struct plann
  * that also holds the frames and their buffers: free(call->jobs) releases
  * it all. */
 static int plan(struct gdrkv_client *c, struct client_call *call,
-                const struct server_share *shares)
+                const struct server_share *shares, uint32_t nservers)
 {
     struct planner pl = {.b = &call->batch, .conns = c->opts.conns};
     struct arena a = {0};
 
-    plan_all(&pl, shares, c->nservers);
+    plan_all(&pl, shares, nservers);
     if (!pl.njobs)
         return 0;
     lay_out_jobs(&a, call, &pl);
@@ -281,7 +291,7 @@ static int plan(struct gdrkv_client *c, struct client_call *call,
             add_frame(&pl, p->first, p->count, p->body_len, p->payload_len, p->key_bytes);
         }
     } else {
-        plan_all(&pl, shares, c->nservers);
+        plan_all(&pl, shares, nservers);
     }
     call->njobs = pl.njobs;
     call->batch.frames_unstarted = nframes;
@@ -321,23 +331,29 @@ static inline int check_key(const struct client_keys *k, uint32_t i, uint64_t fi
     return 0;
 }
 
-/* Several servers: checks and routes every key, counting what each
- * server gets. */
-static void route_keys(struct gdrkv_client *c, const struct client_keys *k, struct key_tables *t)
+/* Several servers or copies: checks every key and counts what each
+ * server gets from the round's targets. */
+static void assign_keys(const struct client_keys *k, const struct client_round *r,
+                        struct key_tables *t)
 {
     uint64_t seg = 0, key_off = 0;
+    uint32_t n = k->n;
 
-    for (uint32_t i = 0; i < k->n; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         int rc = check_key(k, i, seg, &t->size[i]);
         if (!rc && t->gpu && t->gpu->bad && t->gpu->bad[i])
             rc = GDRKV_E_INVALID;
-        if (rc) {
-            k->results[i] = rc;
-            t->server[i] = NO_SERVER;
-        } else {
-            uint32_t s = route_pick(route_key_hash(k->keys + key_off, k->key_lens[i]),
-                                    c->seeds, c->nservers);
-            t->server[i] = s;
+        t->first_seg[i] = seg;
+        t->key_off[i] = key_off;
+        for (uint32_t e = i; e < n * r->copies; e += n) {
+            uint32_t s = r->targets[e];
+            t->server[e] = rc ? NO_SERVER : s;
+            if (s == NO_SERVER)
+                continue;
+            if (rc) {
+                r->results[e] = rc;
+                continue;
+            }
             t->shares[s].count++;
             t->shares[s].key_bytes += k->key_lens[i];
             t->shares[s].bytes += t->size[i];
@@ -365,23 +381,24 @@ static uint64_t staged_frame(const struct gdrkv_client *c, struct client_endpoin
 
 /* The health short-circuit: a server in backoff gets nothing sent. Then
  * each admitted server's group gets its place in the gathered arrays.
- * Returns how many keys will be sent. */
-static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *shares, uint8_t op,
+ * Returns how many entries will be sent. */
+static uint32_t admit_servers(struct gdrkv_client *c, struct client_server **servers,
+                              uint32_t nservers, struct server_share *shares, uint8_t op,
                               uint64_t now)
 {
     uint32_t pos = 0;
     uint64_t key_off = 0, refused = 0;
 
-    for (uint32_t s = 0; s < c->nservers; s++) {
+    for (uint32_t s = 0; s < nservers; s++) {
         struct server_share *sh = &shares[s];
-        if (sh->count && (sh->refusal = client_server_admit(&c->servers[s], now))) {
+        if (sh->count && (sh->refusal = client_server_admit(servers[s], now))) {
             refused += sh->count;
             sh->count = 0;
             sh->key_bytes = 0;
             sh->bytes = 0;
         } else {
             sh->admitted = sh->count > 0;
-            sh->staged_frame = sh->admitted ? staged_frame(c, &c->servers[s].ep, op) : 0;
+            sh->staged_frame = sh->admitted ? staged_frame(c, &servers[s]->ep, op) : 0;
         }
         sh->fill_pos = pos;
         sh->fill_key_off = key_off;
@@ -392,29 +409,30 @@ static uint32_t admit_servers(struct gdrkv_client *c, struct server_share *share
     return pos;
 }
 
-/* Copies the keys of admitted servers into their groups; the keys of
- * refused servers fail here. */
-static void gather_keys(const struct client_keys *k, const struct key_tables *t,
-                        struct client_batch *b)
+/* Copies the entries of admitted servers into their groups; the entries
+ * of refused servers fail here. */
+static void gather_keys(const struct client_keys *k, const struct client_round *r,
+                        const struct key_tables *t, struct client_batch *b)
 {
-    uint64_t seg = 0, key_off = 0;
-
-    for (uint32_t i = 0; i < k->n; i++) {
-        uint32_t s = t->server[i];
-        if (s != NO_SERVER && !t->shares[s].admitted) {
-            k->results[i] = t->shares[s].refusal;
-        } else if (s != NO_SERVER) {
-            struct server_share *sh = &t->shares[s];
-            uint32_t p = sh->fill_pos++;
-            b->index[p] = i;
-            b->key_lens[p] = k->key_lens[i];
-            b->sizes[p] = t->size[i];
-            b->first_seg[p] = seg;
-            memcpy(b->keys + sh->fill_key_off, k->keys + key_off, k->key_lens[i]);
-            sh->fill_key_off += k->key_lens[i];
+    uint32_t n = k->n;
+    for (uint32_t e = 0; e < n * r->copies; e++) {
+        uint32_t s = t->server[e], i = e % n;
+        if (s == NO_SERVER)
+            continue;
+        struct server_share *sh = &t->shares[s];
+        if (!sh->admitted) {
+            r->results[e] = sh->refusal;
+            continue;
         }
-        seg += k->seg_counts ? k->seg_counts[i] : 0;
-        key_off += k->key_lens[i];
+        uint32_t p = sh->fill_pos++;
+        b->index[p] = i;
+        if (b->slot)
+            b->slot[p] = e;
+        b->key_lens[p] = k->key_lens[i];
+        b->sizes[p] = t->size[i];
+        b->first_seg[p] = t->first_seg[i];
+        memcpy(b->keys + sh->fill_key_off, k->keys + t->key_off[i], k->key_lens[i]);
+        sh->fill_key_off += k->key_lens[i];
     }
 }
 
@@ -439,9 +457,9 @@ static void gather_kept_keys(const struct client_keys *k, struct client_batch *b
  * fewer passes; deletes fetched ahead"). Nothing in the loop is copied
  * bytewise, so the compiler keeps the arrays' addresses in registers.
  * Returns how many keys will be sent. */
-static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct client_keys *k,
-                                      const struct key_tables *t, struct client_batch *b,
-                                      uint8_t op, uint64_t now)
+static uint32_t gather_for_one_server(struct gdrkv_client *c, struct client_server *server,
+                                      const struct client_keys *k, const struct key_tables *t,
+                                      struct client_batch *b, uint8_t op, uint64_t now)
 {
     struct server_share *sh = &t->shares[0];
     const uint8_t *bad = t->gpu ? t->gpu->bad : NULL;
@@ -455,7 +473,7 @@ static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct clien
         if (!rc && bad && bad[i])
             rc = GDRKV_E_INVALID;
         if (rc) {
-            k->results[i] = rc;
+            b->results[i] = rc;
         } else {
             b->index[p] = i;
             b->key_lens[p] = len;
@@ -471,9 +489,9 @@ static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct clien
         memcpy(b->keys, k->keys, kept_off);
     else
         gather_kept_keys(k, b, p);
-    if (p && (sh->refusal = client_server_admit(&c->servers[0], now))) {
+    if (p && (sh->refusal = client_server_admit(server, now))) {
         for (uint32_t q = 0; q < p; q++)
-            k->results[b->index[q]] = sh->refusal;
+            b->results[b->index[q]] = sh->refusal;
         gk_counter_add(&c->counters.shortcircuit_keys, p);
         return 0;
     }
@@ -481,13 +499,14 @@ static uint32_t gather_for_one_server(struct gdrkv_client *c, const struct clien
     sh->key_bytes = kept_off;
     sh->bytes = bytes;
     sh->admitted = p > 0;
-    sh->staged_frame = sh->admitted ? staged_frame(c, &c->servers[0].ep, op) : 0;
+    sh->staged_frame = sh->admitted ? staged_frame(c, &server->ep, op) : 0;
     return p;
 }
 
-static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_keys *k,
-                     uint64_t start)
+int client_round_run(struct gdrkv_client *c, uint8_t op, const struct client_keys *k,
+                     const struct client_round *r)
 {
+    struct client_table *table = r->table;
     struct client_call call = {
         .batch = {
             .opcode = op,
@@ -495,103 +514,95 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
             .seg_ptrs = k->seg_ptrs,
             .seg_lens = k->seg_lens,
             .seg_counts = k->seg_counts,
-            .results = k->results,
+            .results = r->results,
             .copier = &c->copier,
-            .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
+            .deadline_ns = r->deadline_ns,
         },
-        .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
+        .servers = table->all,
+        .deadline_ns = r->deadline_ns,
     };
     struct client_batch *b = &call.batch;
     struct key_tables t;
     struct arena a = {0};
     uint64_t key_bytes = 0;
+    uint64_t start = gk_now_ns();
+    int routed = r->targets != NULL;
 
     for (uint32_t i = 0; i < k->n; i++)
         if (key_len_ok(k->key_lens[i]))
             key_bytes += k->key_lens[i];
-    lay_out_keys(&a, &t, b, k->n, c->nservers, key_bytes);
-    if (!(a.base = malloc(a.used))) {
-        for (uint32_t i = 0; i < k->n; i++)
-            k->results[i] = GDRKV_E_INTERNAL;
-        return GDRKV_E_INTERNAL;
-    }
+    lay_out_keys(&a, &t, b, k->n, r->copies, table->nall, routed, key_bytes);
+    if (!(a.base = malloc(a.used)))
+        goto fail_all;
     a.used = 0;
-    lay_out_keys(&a, &t, b, k->n, c->nservers, key_bytes);
-    memset(t.shares, 0, c->nservers * sizeof *t.shares);
+    lay_out_keys(&a, &t, b, k->n, r->copies, table->nall, routed, key_bytes);
+    memset(t.shares, 0, table->nall * sizeof *t.shares);
 
     int rc = 0;
     t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
-                                          &c->gpu_put_streams, &rc);
+                                      &c->gpu_put_streams, &rc);
     if (rc) {
-        for (uint32_t i = 0; i < k->n; i++)
-            k->results[i] = rc;
         free(a.base);
-        return rc;
+        goto fail_all;
     }
     uint32_t nsend;
-    if (c->nservers == 1) {
-        nsend = gather_for_one_server(c, k, &t, b, op, start);
+    if (!routed) {
+        nsend = gather_for_one_server(c, table->all[0], k, &t, b, op, start);
     } else {
-        route_keys(c, k, &t);
-        nsend = admit_servers(c, t.shares, op, start);
-        gather_keys(k, &t, b);
+        assign_keys(k, r, &t);
+        nsend = admit_servers(c, table->all, table->nall, t.shares, op, start);
+        gather_keys(k, r, &t, b);
     }
-    rc = plan(c, &call, t.shares);
+    rc = plan(c, &call, t.shares, table->nall);
     if (rc == 0)
         client_run(c, &call);
     else
         for (uint32_t p = 0; p < nsend; p++)
-            k->results[b->index[p]] = rc;
+            *client_result(b, p) = rc;
     free(call.jobs);
     free(a.base);
     gpu_call_free(b->gpu);
     return rc;
+
+fail_all:
+    rc = rc ? rc : GDRKV_E_INTERNAL;
+    for (uint32_t e = 0; e < k->n * r->copies; e++)
+        if (!r->targets || r->targets[e] != NO_SERVER)
+            r->results[e] = rc;
+    return rc;
 }
 
-static void record_call(struct gdrkv_client *c, uint8_t op, uint32_t keys, uint64_t start)
+void client_record_call(struct gdrkv_client *c, uint8_t op, uint32_t keys, uint64_t start)
 {
     gk_counter_add(&c->counters.calls[op], 1);
     gk_counter_add(&c->counters.keys[op], keys);
     gk_latency_record(&c->counters.latency[op], (gk_now_ns() - start) / 1000);
 }
 
-int client_keyed_call(struct gdrkv_client *c, uint8_t op, const struct client_keys *k)
-{
-    int has_values = op == GK_OP_GET || op == GK_OP_PUT;
-
-    if (!c)
-        return GDRKV_E_CLOSED;
-    if (k->n && (!k->keys || !k->key_lens || !k->results ||
-                 (has_values && (!k->seg_ptrs || !k->seg_lens || !k->seg_counts))))
-        return GDRKV_E_INVALID;
-    uint64_t start = gk_now_ns();
-    int rc = k->n ? run_keyed(c, op, k, start) : 0;
-    record_call(c, op, k->n, start);
-    return rc;
-}
-
 /* ------------------------------------------------------------ keyless calls */
 
-int client_server_call(struct gdrkv_client *c, uint8_t op, uint32_t first, uint32_t count,
-                       int64_t *results, char *text, size_t text_cap)
+int client_server_call(struct gdrkv_client *c, struct client_table *t, uint8_t op,
+                       uint32_t first, uint32_t count, int64_t *results, char *text,
+                       size_t text_cap)
 {
     if (!c)
         return GDRKV_E_CLOSED;
     uint64_t start = gk_now_ns();
     struct client_call call = {
         .batch = {.opcode = op, .ns = &c->ns, .text = text, .text_cap = text_cap},
+        .servers = t->all,
         .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
     };
-    struct server_share *shares = calloc(c->nservers, sizeof *shares);
+    struct server_share *shares = calloc(t->nall ? t->nall : 1, sizeof *shares);
     if (!shares)
         return GDRKV_E_INTERNAL;
     for (uint32_t s = first; s < first + count; s++) {
-        int refusal = client_server_admit(&c->servers[s], start);
+        int refusal = client_server_admit(t->all[s], start);
         shares[s].admitted = !refusal;
         /* An admitted server's frame overwrites this, unless planning fails. */
         results[s - first] = refusal ? refusal : GDRKV_E_INTERNAL;
     }
-    int rc = plan(c, &call, shares);
+    int rc = plan(c, &call, shares, t->nall);
     if (rc == 0) {
         client_run(c, &call);
         for (uint32_t j = 0; j < call.njobs; j++)
@@ -599,6 +610,6 @@ int client_server_call(struct gdrkv_client *c, uint8_t op, uint32_t first, uint3
     }
     free(call.jobs);
     free(shares);
-    record_call(c, op, 0, start);
+    client_record_call(c, op, 0, start);
     return rc;
 }

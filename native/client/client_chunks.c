@@ -50,7 +50,7 @@ int client_chunks_walk(const uint8_t *lists, size_t len, uint64_t pool_size,
     gk_chunk_reader_init(&r, lists, len);
     for (uint32_t k = 0; k < count; k++) {
         uint32_t p = first + k;
-        if (listed ? !listed[k] : b->results[b->index[p]] < 0)
+        if (listed ? !listed[k] : *client_result(b, p) < 0)
             continue;
         int rc = walk_object(&r, pool_size, b, p, obj_lens[p], fn, arg);
         if (rc)

@@ -108,7 +108,7 @@ int client_frame_take_results(struct client_conn *c, uint64_t *payload)
             b->got[p] = carried;
             *payload += carried;
         }
-        b->results[b->index[p]] = result;
+        *client_result(b, p) = result;
     }
     return 0;
 }
@@ -174,7 +174,7 @@ int client_frame_take_reservations(struct client_conn *c, uint8_t **flags_out,
         if (r.status == 0 && r.size != b->sizes[p])
             return client_frame_broken(c, "reserved size differs from the value's");
         flags[k] = r.status == 0;
-        b->results[b->index[p]] = r.status < 0 ? r.status : 0;
+        *client_result(b, p) = r.status < 0 ? r.status : 0;
     }
     *flags_out = flags;
     *lists = client_frame_chunk_lists(c, len);
@@ -210,7 +210,7 @@ int client_frame_take_commit(struct client_conn *c)
          * be committed is not stored, and the QPs are gone with them. */
         for (uint32_t k = 0; k < f->count; k++)
             if (flags[k])
-                b->results[b->index[f->first + k]] = status;
+                *client_result(b, f->first + k) = status;
         c->rdma_broken = 1;
         return 1;
     }
@@ -220,7 +220,7 @@ int client_frame_take_commit(struct client_conn *c)
         struct gk_result r = client_frame_key_result(c, k);
         if (r.status > 0)
             return client_frame_broken(c, "positive key status");
-        b->results[b->index[f->first + k]] = r.status;
+        *client_result(b, f->first + k) = r.status;
     }
     return 1;
 }

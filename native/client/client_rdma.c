@@ -373,7 +373,7 @@ static void fail_key(void *arg, uint32_t p, int err)
     struct client_batch *b = rc->batch;
     if (rc->flags)
         rc->flags[p - rc->frame->first] = 0;
-    b->results[b->index[p]] = err;
+    *client_result(b, p) = err;
 }
 
 /* Plans the frame's pieces and starts their run, which the connection's
@@ -395,8 +395,8 @@ static int run_start(struct client_rdma_conn *rc, int opcode, const uint8_t *lis
     if (rc_plan == GDRKV_E_INTERNAL && rc->plan_err == GDRKV_E_INVALID) {
         /* Nothing was posted: the frame's keys fail, the connection stays. */
         for (uint32_t p = f->first; p < f->first + f->count; p++)
-            if (b->results[b->index[p]] >= 0)
-                b->results[b->index[p]] = GDRKV_E_INVALID;
+            if (*client_result(b, p) >= 0)
+                *client_result(b, p) = GDRKV_E_INVALID;
         if (rc->flags)
             memset(rc->flags, 0, f->count);
         rc->flags = NULL;
@@ -458,8 +458,8 @@ int client_rdma_end(struct client_rdma_conn *rc)
         int ferr = !flush ? GDRKV_E_UNAVAILABLE : flush->err ? flush->err : GDRKV_E_INTERNAL;
         GK_WARN("rdma: flush READ failed (%s)", gdrkv_strerror(ferr));
         for (uint32_t p = f->first; p < f->first + f->count; p++)
-            if (b->results[b->index[p]] >= 0)
-                b->results[b->index[p]] = ferr;
+            if (*client_result(b, p) >= 0)
+                *client_result(b, p) = ferr;
         if (rc->flusher) {
             rdma_flusher_free(r->dev, rc->flusher);
             rc->flusher = NULL;
@@ -484,8 +484,8 @@ static int stream_ordered(struct client_batch *b, const struct client_frame *f)
     if (!b->gpu || gpu_call_order(b->gpu) == 0)
         return 1;
     for (uint32_t p = f->first; p < f->first + f->count; p++)
-        if (b->results[b->index[p]] >= 0)
-            b->results[b->index[p]] = GDRKV_E_INTERNAL;
+        if (*client_result(b, p) >= 0)
+            *client_result(b, p) = GDRKV_E_INTERNAL;
     return 0;
 }
 

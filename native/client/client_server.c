@@ -66,18 +66,23 @@ static int choose_transports(struct client_endpoint *ep, const char *unix_path, 
     return local || !ep->shm_only ? 0 : GDRKV_E_INVALID;
 }
 
+/* One spelling per address, so the seed (and hence routing) and the
+ * duplicate check don't depend on how the user wrote it. */
+void client_server_name(const struct gk_addr *addr, const char *unix_path, char *buf, size_t len)
+{
+    if (unix_path)
+        snprintf(buf, len, "unix:%s", unix_path);
+    else
+        snprintf(buf, len, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u", addr->host,
+                 addr->port);
+}
+
 static int endpoint_init(struct client_endpoint *ep, const struct gk_addr *addr,
                          const char *unix_path, int transport, struct client_rdma *rdma)
 {
     if (addr)
         ep->addr = *addr;
-    /* One spelling per address, so the seed (and hence routing) and the
-     * duplicate check don't depend on how the user wrote it. */
-    if (unix_path)
-        snprintf(ep->name, sizeof ep->name, "unix:%s", unix_path);
-    else
-        snprintf(ep->name, sizeof ep->name, strchr(addr->host, ':') ? "[%s]:%u" : "%s:%u",
-                 addr->host, addr->port);
+    client_server_name(addr, unix_path, ep->name, sizeof ep->name);
     int rc = choose_transports(ep, unix_path, transport, rdma);
     if (rc)
         return rc;
@@ -107,6 +112,7 @@ int client_server_init(struct client_server *s, const struct gk_addr *addr,
         free(s->idle);
         return GDRKV_E_INTERNAL;
     }
+    s->refs = 1;
     s->health = CLIENT_SERVER_UP;
     s->backoff_min_ms = opts->backoff_min_ms;
     s->backoff_max_ms = opts->backoff_max_ms;
@@ -130,6 +136,19 @@ void client_server_destroy(struct client_server *s)
     pthread_mutex_destroy(&s->ep.pool_lock);
     free(s->idle);
     pthread_mutex_destroy(&s->lock);
+}
+
+void client_server_hold(struct client_server *s)
+{
+    __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+}
+
+void client_server_put(struct client_server *s)
+{
+    if (s && __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        client_server_destroy(s);
+        free(s);
+    }
 }
 
 int client_server_admit(struct client_server *s, uint64_t now_ns)
@@ -200,7 +219,8 @@ void client_server_report(struct client_server *s, int err, const char *why)
          * server back: only the probe can. */
         if (s->health == CLIENT_SERVER_PROBE) {
             GK_INFO("server %s is back", s->ep.name);
-            s->health = CLIENT_SERVER_UP;
+            s->refs = 1;
+    s->health = CLIENT_SERVER_UP;
             s->backoff_ms = s->backoff_min_ms;
         }
     } else {

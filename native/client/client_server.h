@@ -27,6 +27,7 @@ enum client_server_health { CLIENT_SERVER_UP, CLIENT_SERVER_DOWN, CLIENT_SERVER_
 struct client_server {
     struct client_endpoint ep;      /* its address, name and transports */
     uint64_t seed;                  /* rendezvous seed, from ep.name */
+    uint32_t refs;                  /* atomic: each server table holding it (client_table.h) */
 
     pthread_mutex_t lock;           /* guards everything below */
     struct client_conn **idle;
@@ -49,6 +50,13 @@ int client_server_init(struct client_server *s, const struct gk_addr *addr,
                        const char *unix_path, const gdrkv_client_opts *opts,
                        struct client_rdma *rdma, const struct gk_token *token);
 void client_server_destroy(struct client_server *s);
+/* A server allocated on its own is shared by the tables that list it:
+ * hold adds a reference, put drops one and frees it with the last. */
+void client_server_hold(struct client_server *s);
+void client_server_put(struct client_server *s);
+/* The canonical name of an address (or of the unix socket at unix_path,
+ * when not NULL): what ep.name and the server's seed are made of. */
+void client_server_name(const struct gk_addr *addr, const char *unix_path, char *buf, size_t len);
 
 /* 0 when a call may send to s now (see the state machine above), else
  * the error its keys fail with. */

@@ -81,6 +81,11 @@ struct gpu_call;
     CALL(shm_leases_expired)        /* LEASE frames whose keys failed: lease lost */            \
     CALL(shm_leases_seen_held)      /* LEASE frames whose RELEASE went unanswered */            \
     CALL(shm_staged_sent_again)     /* followed PUT_STAGED frames the server sent back */       \
+    OWN(failovers)                  /* keys read again at their next candidate */              \
+    OWN(read_throughs)              /* keys read again at an owner under the previous members */\
+    OWN(put_copies_short)           /* keys stored with fewer copies than replicas */           \
+    OWN(membership_changes)         /* tables installed by gdrkv_client_set_members */          \
+    FROM(members, client_table_members(c))                                                      \
     FROM(rdma_open, __atomic_load_n(&c->rdma->state, __ATOMIC_RELAXED) == 1)                    \
     CLIENT_RDMA_COUNTERS(RDMA)                                                                  \
     GPU_STATS(GPU)                                                                              \
@@ -116,15 +121,16 @@ struct client_gpu_pins {
     struct gpu_slices_stats stats;  /* the client's counters gpu_* */
 };
 
-/* A client is shared by many threads: everything but the counters is set
- * at open and only read after; each server guards its own state. */
+/* A client is shared by many threads: everything but the counters and the
+ * server table is set at open and only read after; the table is swapped
+ * whole (client_table.h); each server guards its own state. */
 struct gdrkv_client {
     gdrkv_client_opts opts;         /* servers and ns are not kept: see below */
     char ns_name[GK_MAX_NS_LEN + 1];
     struct gk_ns ns;
-    uint32_t nservers;
-    struct client_server *servers;
-    uint64_t *seeds;                /* servers[i].seed, packed for the routing loop */
+    pthread_mutex_t table_lock;     /* guards the pointer `table` (client_table.h) */
+    pthread_mutex_t swap_lock;      /* one gdrkv_client_set_members at a time */
+    struct client_table *table;     /* the members and their servers, swapped whole */
     struct client_regions regions;
     struct gk_copier copier;    /* helper threads for large shm copies */
     uint64_t shm_put_frame_bytes;   /* values per PUT frame through shm staging */
@@ -138,6 +144,9 @@ struct gdrkv_client {
 /* Room for "[", a gk_addr host, "]:", a port and the NUL; and for
  * "unix:" and a socket path. */
 #define CLIENT_SERVER_NAME_MAX (sizeof(((struct gk_addr *)0)->host) + 9)
+
+/* The port of a server address given without one. */
+#define CLIENT_DEFAULT_PORT 7480
 
 /* How to reach one server: what a connection is opened over. Its unix
  * socket first, with the server's pool mapped (shm), where it has one;
@@ -205,6 +214,7 @@ struct client_keys {
     const uint32_t *seg_counts;
     int64_t *results;
     uint64_t stream;                /* GET/PUT: the caller's CUstream, or 0 */
+    int want_copies;                /* PUT: results[i] = copies written, not 0 */
 };
 
 /* One call taken apart: the keys grouped by server (client_call.c builds
@@ -221,6 +231,9 @@ struct client_batch {
     const uint64_t *seg_lens;
     const uint32_t *seg_counts;
     int64_t *results;
+    /* Where position p's result goes: results[slot[p]] (a key sent to
+     * several servers has a result per copy), or NULL: results[index[p]]. */
+    uint32_t *slot;
 
     /* The keys that go on the wire, grouped by server: position p is the
      * caller's key index[p]. Gathered so that a frame's keys are one run
@@ -278,11 +291,18 @@ struct client_job {
 
 struct client_call {
     struct client_batch batch;
+    struct client_server **servers; /* the table's (client_table.h): jobs index it */
     struct client_job *jobs;    /* grouped by server, in server order */
     uint32_t njobs;
     struct pollfd *pollfds;     /* one per job, for the poll loop */
     uint64_t deadline_ns;
 };
+
+/* The result of the key at position p. */
+static inline int64_t *client_result(const struct client_batch *b, uint32_t p)
+{
+    return &b->results[b->slot ? b->slot[p] : b->index[p]];
+}
 
 /* Gives every key of f (or f itself, for keyless ops) the result err. */
 static inline void client_frame_fail(struct client_batch *b, struct client_frame *f, int err)
@@ -292,7 +312,7 @@ static inline void client_frame_fail(struct client_batch *b, struct client_frame
         return;
     }
     for (uint32_t p = f->first; p < f->first + f->count; p++)
-        b->results[b->index[p]] = err;
+        *client_result(b, p) = err;
 }
 
 #endif

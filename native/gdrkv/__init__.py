@@ -7,7 +7,7 @@
 Batched zero-copy transfers: Client.register(), batch_put(), batch_get().
 """
 from . import errors
-from .client import Client
+from .client import Client, place
 from .errors import (
     E_BUSY, E_CLOSED, E_INTERNAL, E_INVALID, E_NO_SPACE, E_NOT_FOUND, E_PROTOCOL, E_TIMEOUT,
     E_TOO_LARGE, E_TOO_SMALL, E_UNAVAILABLE, E_UNSUPPORTED, OK, GdrkvError, strerror,
@@ -15,7 +15,7 @@ from .errors import (
 from .server import Server
 
 __all__ = [
-    "Client", "Server", "GdrkvError", "errors", "strerror",
+    "Client", "Server", "place", "GdrkvError", "errors", "strerror",
     "OK", "E_NOT_FOUND", "E_TOO_SMALL", "E_NO_SPACE", "E_TIMEOUT", "E_UNAVAILABLE", "E_PROTOCOL",
     "E_INVALID", "E_TOO_LARGE", "E_BUSY", "E_UNSUPPORTED", "E_INTERNAL", "E_CLOSED",
 ]

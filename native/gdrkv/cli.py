@@ -1,4 +1,4 @@
-"""The gdrkv command: serve, stat, bench, doctor."""
+"""The gdrkv command: serve, stat, cluster, bench, doctor."""
 import argparse
 import json
 import signal
@@ -8,6 +8,8 @@ from . import config
 from .bench import command as bench
 from .doctor import nic as stat_nic, report as doctor
 from .client import Client
+from .cluster import status as cluster_status
+from .cluster.etcd import EtcdError
 from .errors import GdrkvError
 from .server import OPTIONS, Server
 from .sizes import format_size, parse_size, physical_memory
@@ -32,13 +34,23 @@ def main(argv=None):
 
     stat = commands.add_parser("stat", help="print every server's counters")
     stat.add_argument("url", nargs="?",
-                      help="gdrkv://host:port[,host:port...] (optional with --nic)")
+                      help="gdrkv://host:port[,host:port...] or gdrkv+etcd://E1:2379[,...]/NAME "
+                           "(optional with --nic)")
     stat.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stat.add_argument("--nic", action="store_true",
                       help="also show each RDMA port's hardware counters (sysfs)")
     stat.add_argument("--interval", type=float, default=0, metavar="S",
                       help="with --nic: per-second rates from two samples S seconds apart")
     stat.set_defaults(run=_stat)
+
+    cluster = commands.add_parser("cluster", help="look at a cluster of servers in etcd")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True,
+                                              metavar="COMMAND")
+    status = cluster_commands.add_parser("status", help="list the members: address, zone, "
+                                         "state, capacity, use, hit ratio, lease")
+    status.add_argument("url", help="gdrkv+etcd://H1:2379[,H2:2379...]/NAME[?token_file=PATH]")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(run=_cluster_status)
 
     bench_cmd = commands.add_parser("bench", help="measure put/get/exists throughput")
     bench.add_arguments(bench_cmd)
@@ -53,7 +65,7 @@ def main(argv=None):
         if args.command == "serve":
             config.apply(args.serve_parser, args, sys.argv[1:] if argv is None else argv)
         return args.run(args)
-    except (GdrkvError, ValueError) as e:
+    except (GdrkvError, ValueError, EtcdError) as e:
         print(f"gdrkv {args.command}: {e}", file=sys.stderr)
         return 1
 
@@ -71,6 +83,7 @@ def _serve(args):
         shm = f", shm on {server.unix_path}" if server.unix_path else ""
         shm += f", metrics on http://{server.metrics_address}/metrics" \
             if server.metrics_address else ""
+        shm += f", in cluster {args.cluster}" if args.cluster else ""
         print(f"gdrkv listening on {server.address} (pool {format_size(args.memory)}{rdma}{shm})",
               flush=True)
         # SIGHUP asks for a reload: every setting so far is fixed for the
@@ -97,6 +110,15 @@ def _stat(args):
     else:
         print(_table(stats["servers"]))
     return 1 if any("error" in counters for counters in stats["servers"].values()) else 0
+
+
+def _cluster_status(args):
+    rows = cluster_status.read(args.url)
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        print(cluster_status.table(rows) if rows else "no members")
+    return 1 if any("error" in row for row in rows) else 0
 
 
 def _table(servers):
@@ -132,6 +154,9 @@ def _default_pool_size():
 _SERVE_OVERRIDES = {
     "memory": dict(type=_pool_size, metavar="SIZE|PCT%",
                    help="pool size, e.g. 16GiB or 25% of RAM (default 25% of RAM, at most 64GiB)"),
+    "cluster": dict(metavar="etcd://HOST:PORT[,...]/NAME"),
+    "advertise": dict(metavar="HOST:PORT"),
+    "zone": dict(metavar="ZONE"),
 }
 _UNITS = {"us": "microseconds", "ms": "milliseconds"}
 

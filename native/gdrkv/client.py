@@ -9,6 +9,7 @@ from array import array
 from urllib.parse import parse_qsl, urlsplit
 
 from . import local
+from .cluster.members import CLIENT_SCHEME, parse_cluster
 from ._capi import read_address, read_counters, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
@@ -28,7 +29,11 @@ _INT_OPTIONS = {
     "backoff_max_ms": (5000, 0),
     "gpu_pin_limit": (0, 0),
     "gpu_pin_ahead": (0, 0),
+    "replicas": (1, 1),
+    "settle_ms": (10000, 0),
 }
+# Most copies of a key (PLACEMENT_MAX_REPLICAS in native/client/placement.h).
+_MAX_REPLICAS = 8
 # Of those, the ones that are sizes: "64GiB" as well as bytes.
 _SIZE_OPTIONS = ("gpu_pin_limit", "gpu_pin_ahead")
 # Transport names and their enum gdrkv_transport values.
@@ -42,9 +47,11 @@ class Client:
     """A connection to one or more gdrkv servers.
 
     url is gdrkv://host:port[,host:port...][?option=value&...],
-    gdrkv://unix:/path/to/server.sock for a local server's socket, or
+    gdrkv://unix:/path/to/server.sock for a local server's socket,
     gdrkv://local[:port] for this machine's daemon, started on first use
-    (gdrkv.local); keyword
+    (gdrkv.local), or gdrkv+etcd://E1:2379[,E2:2379...]/NAME[?...] for the
+    members of cluster NAME in that etcd, followed as they come and go
+    (gdrkv.cluster.watcher; docs/operations.md, "Cluster"); keyword
     arguments override the URL's options. Options: namespace (""),
     timeout_ms (5000, bounds every call), connect_timeout_ms (1000), conns
     (4 connections per server), transport ("auto": shm to a server on this
@@ -57,15 +64,32 @@ class Client:
     much of it in the background before any copy asks (docs/gpu.md, "What
     each process pins"), token_file (the file
     holding the servers' secret, for servers started with
-    --auth-token-file; default $GDRKV_TOKEN_FILE).
+    --auth-token-file; default $GDRKV_TOKEN_FILE), replicas (1: copies of
+    each key, in distinct failure domains where there are enough; reads
+    fall over between them, docs/cluster.md) and settle_ms (10000: how
+    long after a change of members a miss reads through to the previous
+    owners).
 
     Batch calls report per-key results and never raise for a per-key
     failure; a server that is down turns into misses and failed puts. Many
     threads may share one client.
     """
 
-    def __init__(self, url, **options):
-        servers, url_options = _parse_url(url)
+    def __init__(self, url, _members_later=False, **options):
+        # _members_later: the servers come from _set_members (the cluster
+        # watcher does that); url may then be None, and its servers must
+        # be left out.
+        cluster = None
+        if isinstance(url, str) and url.startswith(CLIENT_SCHEME):
+            cluster = parse_cluster(url, CLIENT_SCHEME)
+            url, _members_later = None, True
+            options = {**_parse_query(cluster[2]), **options}
+        if _members_later and url is None:
+            servers, url_options = "", {}
+        else:
+            servers, url_options = _parse_url(url)
+        if _members_later and servers:
+            raise ValueError("a client whose members come later takes no servers in its URL")
         opts_values = _resolve_options({**url_options, **options})
         self.namespace = opts_values["namespace"]
         self.transport = opts_values["transport"]
@@ -79,6 +103,7 @@ class Client:
         opts.ns = ns_c
         opts.transport = _TRANSPORTS[self.transport]
         opts.gpu_copy = _GPU_COPY[opts_values["gpu_copy"]]
+        opts.members_later = 1 if _members_later else 0
         if opts_values["token_file"]:
             token_file_c = ffi.new("char[]", opts_values["token_file"].encode())
             opts.token_file = token_file_c
@@ -99,6 +124,13 @@ class Client:
         # address -> what keeps the registered memory alive and unmoved.
         self._registered = {}
         self._registered_lock = threading.Lock()
+        # The cluster's members, followed in etcd; the first read waits at
+        # most connect_timeout_ms (none: the members come when etcd answers).
+        self._cluster = None
+        if cluster:
+            from .cluster.watcher import Follower
+            self._cluster = Follower(self, cluster[0], cluster[1],
+                                     opts_values["connect_timeout_ms"] / 1000)
 
     # ------------------------------------------------------------ memory
 
@@ -144,6 +176,13 @@ class Client:
         orders the reads of GPU memory after the work queued on it. The
         call returns once the values are stored either way."""
         return self._keyed_call(lib.gdrkv_batch_put_stream, keys,
+                                _segments(ptrs, sizes, len(keys)), _stream(stream))
+
+    def batch_put_copies(self, keys, ptrs, sizes, stream=None):
+        """batch_put, but each key's result is the number of copies written
+        (1..replicas) when it was stored, or a negative error code when no
+        copy was."""
+        return self._keyed_call(lib.gdrkv_batch_put_copies, keys,
                                 _segments(ptrs, sizes, len(keys)), _stream(stream))
 
     def batch_get(self, keys, ptrs, sizes, stream=None):
@@ -222,17 +261,38 @@ class Client:
         with self._calls:
             servers = {}
             for i in range(lib.gdrkv_client_nservers(self._handle)):
-                name = read_address(lib.gdrkv_client_server_name, self._handle, i)
+                try:
+                    name = read_address(lib.gdrkv_client_server_name, self._handle, i)
+                except GdrkvError:
+                    break           # the members changed meanwhile (_set_members)
                 try:
                     servers[name] = read_counters(lib.gdrkv_client_server_stats, self._handle, i)
                 except GdrkvError as e:
                     servers[name] = {"error": strerror(e.code)}
-            return {"client": read_counters(lib.gdrkv_client_stats, self._handle),
-                    "servers": servers}
+            client = read_counters(lib.gdrkv_client_stats, self._handle)
+            if self._cluster:
+                client["etcd_errors"] = self._cluster.etcd_errors
+            return {"client": client, "servers": servers}
+
+    def _set_members(self, members):
+        """Replaces the servers with members, a list of (addr "host:port",
+        capacity in bytes, zone or None, leaving): calls in flight finish
+        on the old ones, servers in both keep their connections. Private:
+        the cluster watcher calls it. ValueError for a bad member; the old
+        members stay then."""
+        array_c, _keep = _members_c(members)
+        err = ffi.new("char[]", _ERRLEN)
+        with self._calls:
+            rc = lib.gdrkv_client_set_members(self._handle, array_c, len(members), err, _ERRLEN)
+        if rc < 0:
+            raise start_error(rc, err)
 
     def close(self):
         """Waits for calls in flight, then disconnects; later calls raise
         GdrkvError(E_CLOSED). Closing twice is harmless."""
+        cluster, self._cluster = self._cluster, None
+        if cluster:
+            cluster.stop()
         self._close_native()
         with self._registered_lock:
             self._registered.clear()
@@ -274,6 +334,45 @@ class _CallGuard:
         with self._cond:
             self._closed = True
             self._cond.wait_for(lambda: self._active == 0)
+
+
+# ---------------------------------------------------------------- members
+
+def place(key, members, replicas=1):
+    """The indices into members (a list of (addr, capacity, zone, leaving))
+    of the servers a PUT of key goes to under `replicas` copies, best first:
+    weighted rendezvous hashing, the same in every process (docs/cluster.md)."""
+    key = key.encode() if isinstance(key, str) else bytes(key)
+    array_c, _keep = _members_c(members)
+    out = ffi.new("uint32_t[]", max(1, replicas))
+    n = lib.gdrkv_place(key, len(key), array_c, len(members), replicas, out)
+    if n < 0:
+        raise ValueError(f"bad members for placement: {strerror(n)}")
+    return list(out[0:n])
+
+
+def _members_c(members):
+    """(gdrkv_member[] for members, what keeps its strings alive)."""
+    array_c = ffi.new("gdrkv_member[]", max(1, len(members)))
+    keep = []
+    for i, member in enumerate(members):
+        try:
+            addr, capacity, zone, leaving = member
+        except (TypeError, ValueError):
+            raise ValueError(f"member {i} must be (addr, capacity, zone, leaving), "
+                             f"not {member!r}") from None
+        if not isinstance(addr, str) or "\0" in addr:
+            raise ValueError(f"member {i}: address must be a string, not {addr!r}")
+        if zone is not None and (not isinstance(zone, str) or "\0" in zone):
+            raise ValueError(f"member {i}: zone must be a string or None, not {zone!r}")
+        keep.append(ffi.new("char[]", addr.encode()))
+        array_c[i].addr = keep[-1]
+        set_int_field(array_c[i], "capacity", capacity, f"member {i} capacity", 1)
+        if zone:
+            keep.append(ffi.new("char[]", zone.encode()))
+            array_c[i].zone = keep[-1]
+        array_c[i].leaving = 1 if leaving else 0
+    return array_c, keep
 
 
 # ---------------------------------------------------------------- options
@@ -344,6 +443,9 @@ def _resolve_options(given):
                 values[name] = int(values[name])
             except ValueError:
                 raise ValueError(f"{name} must be an integer, not {values[name]!r}") from None
+    replicas = values["replicas"]
+    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > _MAX_REPLICAS:
+        raise ValueError(f"replicas must be 1..{_MAX_REPLICAS}, not {replicas}")
     return values
 
 

@@ -164,6 +164,14 @@ class Server:
     (mode 0600; Prometheus' authorization credentials_file), 401 others.
     metrics_namespaces: the namespaces with most bytes that get series of
     their own; the others are summed in gdrkv_namespace_others_*.
+
+    cluster ("etcd://H1:2379[,H2:2379...]/NAME"): keep an entry for this
+    server in that etcd (gdrkv.cluster.registration; docs/operations.md,
+    "Cluster"): advertise ("host:port" clients reach it on; default the
+    listen address), its pool size as capacity, zone (its failure domain;
+    default the host name) and its state, on a lease of cluster_ttl_ms.
+    close() then first publishes "leaving" for cluster_leave_ms (reads go
+    on, PUTs go elsewhere), withdraws the entry, then drains.
     """
 
     def __init__(self, listen="127.0.0.1:0", **options):
@@ -192,6 +200,32 @@ class Server:
         self.unix_path = read_address(lib.gdrkv_server_unix_path, self._handle)
         # "host:port" of GET /metrics (Prometheus text), "" when off.
         self.metrics_address = read_address(lib.gdrkv_server_metrics_address, self._handle)
+        self._registration = None
+        if options.get("cluster"):
+            self._join(opts, options)
+
+    def _join(self, opts, options):
+        from .cluster.registration import Registration, default_advertise
+        from .cluster.etcd import EtcdError
+        from .cluster.members import parse_cluster, valid_addr
+
+        def report(state, lease_renewed_ns, etcd_errors):
+            with self._lock:
+                if self._stop.alive:
+                    lib.gdrkv_server_set_cluster(self._handle, state, lease_renewed_ns,
+                                                 etcd_errors)
+        try:
+            endpoints = parse_cluster(options["cluster"])[0]
+            advertise = options.get("advertise") or default_advertise(self.address, endpoints)
+            if not valid_addr(advertise):
+                raise ValueError(f"advertise must be host:port, not {advertise!r}")
+            self._registration = Registration(options["cluster"], advertise,
+                                              opts.memory_bytes, options.get("zone"),
+                                              opts.cluster_ttl_ms, report)
+        except (ValueError, EtcdError):
+            self._stop()
+            raise
+        self._leave_s = opts.cluster_leave_ms / 1000
 
     def metrics(self):
         """The counters in the Prometheus text format."""
@@ -208,7 +242,11 @@ class Server:
             return read_counters(lib.gdrkv_server_stats, self._handle)
 
     def close(self):
-        """Stops serving and frees the pool; closing twice is harmless."""
+        """Stops serving and frees the pool; closing twice is harmless. In a
+        cluster it first leaves it (see the class's doc)."""
+        registration, self._registration = self._registration, None
+        if registration:
+            registration.leave(self._leave_s)
         with self._lock:
             self._stop()
 

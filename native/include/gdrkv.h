@@ -110,6 +110,19 @@ typedef struct gdrkv_server_opts {
                                    client's next frame is not held up by a wakeup
                                    (docs/operations.md); 0 = off, -1 = auto:
                                    1000 on hosts of 8 CPUs or more, else off */
+    /* Cluster membership (docs/operations.md, "Cluster"): the registration
+     * in etcd is run by the Python control plane (gdrkv.cluster), which
+     * reports its state back through gdrkv_server_set_cluster. */
+    const char *cluster;        /* "etcd://H1:2379,H2:2379/NAME"; NULL = none */
+    const char *advertise;      /* "host:port" clients reach this server on;
+                                   NULL = the listen address (this host's when
+                                   listening on 0.0.0.0) */
+    const char *zone;           /* failure domain; NULL = the host name */
+    uint32_t cluster_ttl_ms;    /* the etcd lease of the entry, kept alive every
+                                   third of it */
+    uint32_t cluster_leave_ms;  /* on stop, how long the entry says "leaving"
+                                   (reads go on, PUTs go elsewhere) before it
+                                   is withdrawn */
 } gdrkv_server_opts;
 
 /* Every field above at its default. */
@@ -145,6 +158,18 @@ int gdrkv_server_stats(gdrkv_server *s, char *buf, size_t len);
  * serves), and where that endpoint listens ("" when off). */
 int gdrkv_server_metrics(gdrkv_server *s, char *buf, size_t len);
 int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len);
+/* The server's place in a cluster, as its registration reports it (stats
+ * and /metrics show it): state, when its etcd lease was last granted or
+ * renewed (gk clock: CLOCK_MONOTONIC ns; 0 = no lease) and the etcd
+ * requests that failed so far. */
+enum gdrkv_cluster_state {
+    GDRKV_CLUSTER_NONE = 0,         /* not in a cluster */
+    GDRKV_CLUSTER_UNREGISTERED = 1, /* no entry in etcd (yet, or lease lost) */
+    GDRKV_CLUSTER_SERVING = 2,
+    GDRKV_CLUSTER_LEAVING = 3,
+};
+void gdrkv_server_set_cluster(gdrkv_server *s, int state, uint64_t lease_renewed_ns,
+                              uint64_t etcd_errors);
 /* Drains and stops: no new connections, the frames in flight finish (for
  * at most drain_timeout_ms), every connection is closed, then the threads
  * end and the pool is freed. */
@@ -189,6 +214,15 @@ typedef struct gdrkv_client_opts {
     uint64_t gpu_pin_ahead;     /* of those, registered in the background from the first
                                    GPU copy on, before any copy asks for them; 0 = none
                                    (a registration holds up the process's CUDA calls) */
+    uint32_t replicas;          /* copies of each key, 1..8 (docs/cluster.md): a PUT goes to
+                                   the top `replicas` members, in distinct failure domains
+                                   where there are enough; reads fall over between them */
+    uint32_t settle_ms;         /* after gdrkv_client_set_members, a miss at a key's new
+                                   owner is retried at its owners under the previous
+                                   members for this long (read-through) */
+    int members_later;          /* open with no servers (servers "" or NULL): they come
+                                   from gdrkv_client_set_members; until then every key
+                                   fails with GDRKV_E_UNAVAILABLE */
 } gdrkv_client_opts;
 
 void gdrkv_client_opts_init(gdrkv_client_opts *opts);
@@ -256,6 +290,50 @@ int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys,
 int64_t gdrkv_clear(gdrkv_client *c);
 /* Round trip to every server; 0 when all answered. */
 int gdrkv_ping(gdrkv_client *c);
+
+/*
+ * The same as gdrkv_batch_put_stream, but results[i] is the number of
+ * copies written (1..replicas) when the object was stored, or a negative
+ * gdrkv_error when no copy was. (gdrkv_batch_put says 0 for any number.)
+ */
+int gdrkv_batch_put_copies(gdrkv_client *c, uint32_t n, const char *keys,
+                           const uint32_t *key_lens, const uint64_t *seg_ptrs,
+                           const uint64_t *seg_lens, const uint32_t *seg_counts,
+                           int64_t *results, uint64_t stream);
+
+/* ---------------------------------------------------------------- members */
+
+/* One member of a client's server table (docs/cluster.md). */
+typedef struct gdrkv_member {
+    const char *addr;           /* "host:port" as in a URL (or "unix:PATH") */
+    uint64_t capacity;          /* weight: the member's pool bytes (> 0) */
+    const char *zone;           /* failure domain; NULL or "" = its host */
+    int leaving;                /* 1: draining: readable, takes no PUTs */
+} gdrkv_member;
+
+/* Most members of a table. */
+#define GDRKV_MAX_MEMBERS 4096
+
+/*
+ * Replaces the client's members at once. Calls in flight finish on the
+ * table they began with; servers in both tables keep their connections
+ * and health. Returns 0 or a negative gdrkv_error (err says why: bad
+ * address, duplicate, ...); on error the old table stays. n may be 0 (every
+ * key then fails with GDRKV_E_UNAVAILABLE).
+ */
+int gdrkv_client_set_members(gdrkv_client *c, const gdrkv_member *m, uint32_t n,
+                             char *err, size_t errlen);
+
+/*
+ * Placement, as every client computes it: writes to out the indices of the
+ * members that take a PUT of key under `replicas` copies, best first (the
+ * first is the key's owner; members leaving are left out), and returns how
+ * many (min(replicas, members not leaving)), or a negative gdrkv_error for
+ * a bad member (address, capacity 0). The same answer in every process and
+ * on every host.
+ */
+int gdrkv_place(const void *key, size_t key_len, const gdrkv_member *members, uint32_t n,
+                uint32_t replicas, uint32_t *out);
 
 uint32_t gdrkv_client_nservers(gdrkv_client *c);
 /* "host:port" of server i. */

@@ -451,6 +451,16 @@ int gdrkv_server_metrics_address(gdrkv_server *s, char *buf, size_t len)
     return copy_out(s, s ? s->metrics_address : NULL, buf, len);
 }
 
+void gdrkv_server_set_cluster(gdrkv_server *s, int state, uint64_t lease_renewed_ns,
+                              uint64_t etcd_errors)
+{
+    if (!s)
+        return;
+    __atomic_store_n(&s->cluster.state, state, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->cluster.lease_renewed_ns, lease_renewed_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->cluster.etcd_errors, etcd_errors, __ATOMIC_RELAXED);
+}
+
 void gdrkv_server_stop(gdrkv_server *s)
 {
     if (!s)

@@ -256,6 +256,20 @@ static void rdma_metrics(struct gdrkv_server *s, struct gk_text *t)
     }
 }
 
+/* The cluster registration's state (gdrkv_server_set_cluster). */
+static void cluster_metrics(struct gdrkv_server *s, struct gk_text *t)
+{
+    struct server_cluster_view v;
+    server_cluster_read(s, &v);
+    metric(t, "gdrkv_cluster_state", "gauge",
+           "0 not in a cluster, 1 unregistered (no lease), 2 serving, 3 leaving", v.state);
+    gk_text_printf(t, "# HELP gdrkv_cluster_lease_age_seconds time since the etcd lease was "
+                      "last renewed\n# TYPE gdrkv_cluster_lease_age_seconds gauge\n"
+                      "gdrkv_cluster_lease_age_seconds %g\n", (double)v.lease_age_ms / 1e3);
+    metric(t, "gdrkv_cluster_etcd_errors_total", "counter",
+           "etcd requests of the registration that failed", v.etcd_errors);
+}
+
 void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
 {
     struct store_stats st;
@@ -302,6 +316,7 @@ void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
                        (unsigned long long)sum.keys[op]);
     latency_histograms(t, &sum);
     namespace_metrics(s, t);
+    cluster_metrics(s, t);
     rdma_metrics(s, t);
     nic_metrics(t);
 }

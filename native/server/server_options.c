@@ -141,6 +141,23 @@ static const struct server_option options[] = {
     OPTION(metrics_namespaces, metrics_namespaces, int, 100,
            "namespaces with series of their own in /metrics, those with most bytes; the "
            "others are summed in gdrkv_namespace_others_*"),
+                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics"),
+    TEXT_OPTION(cluster, NULL,
+                "join the cluster etcd://H1:2379[,H2:2379...]/NAME: keep this server's entry "
+                "(address, capacity, zone, state) in that etcd on a lease, so that clients of "
+                "gdrkv+etcd://H1:2379/NAME find it"),
+    TEXT_OPTION(advertise, NULL,
+                "host:port clients reach this server on, as published in the cluster (default: "
+                "the listen address, or this host's address when listening on 0.0.0.0)"),
+    TEXT_OPTION(zone, NULL,
+                "failure domain published in the cluster: replicas go to distinct zones "
+                "(default: the host name)"),
+    OPTION(cluster_ttl_ms, cluster_ttl_ms, int, 5000,
+           "the cluster entry's etcd lease: a server that stops renewing it (every third of "
+           "it) leaves every client's table this long after; whole seconds, at least 2000"),
+    OPTION(cluster_leave_ms, cluster_leave_ms, int, 2000,
+           "on stop, how long the cluster entry says leaving (reads go on, PUTs go "
+           "elsewhere) before it is withdrawn and the server drains"),
 };
 
 const gdrkv_server_option *gdrkv_server_option_at(uint32_t i)
@@ -198,6 +215,12 @@ uint64_t server_busy_poll_ns(int busy_poll_us)
     return (uint64_t)busy_poll_us * 1000u;
 }
 
+/* etcd grants no lease shorter than about 1.5 s (its election timeout's
+ * share), and counts them in whole seconds. */
+#define CLUSTER_TTL_MIN_MS 2000
+#define CLUSTER_LEAVE_MAX_MS 600000
+#define CLUSTER_ZONE_MAX 255
+
 /* The first fault of an option on its own, or NULL. */
 static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *listen)
 {
@@ -249,6 +272,12 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "metrics_namespaces must be at most 10000";
     if (o->unix_path && strlen(o->unix_path) >= GK_UNIX_PATH_MAX)
         return "unix_path is too long for a unix socket";
+    if (o->cluster_ttl_ms < CLUSTER_TTL_MIN_MS || o->cluster_ttl_ms % 1000)
+        return "cluster_ttl_ms must be whole seconds, at least 2000";
+    if (o->cluster_leave_ms > CLUSTER_LEAVE_MAX_MS)
+        return "cluster_leave_ms must be at most 600000";
+    if (o->zone && (!*o->zone || strlen(o->zone) > CLUSTER_ZONE_MAX))
+        return "zone must be 1 to 255 bytes";
     return NULL;
 }
 
@@ -266,6 +295,8 @@ static const char *pairing_fault(const gdrkv_server_opts *o)
     if (o->metrics_token_file && *o->metrics_token_file &&
         !(o->metrics_listen && *o->metrics_listen))
         return "metrics_token_file needs a metrics_listen";
+    if (!(o->cluster && *o->cluster) && (o->advertise || o->zone))
+        return "advertise and zone need a cluster";
     return NULL;
 }
 

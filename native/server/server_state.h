@@ -170,6 +170,12 @@ struct gdrkv_server {
     struct server_pins *pins;       /* what local client processes pin of the pool */
     struct server_strangers *strangers; /* tcp connections before AUTH (with a token) */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
+    struct {                        /* what the cluster registration reports (atomic each;
+                                       gdrkv_server_set_cluster) */
+        int state;                  /* enum gdrkv_cluster_state */
+        uint64_t lease_renewed_ns;  /* gk_now_ns of the last grant or renewal; 0: none */
+        uint64_t etcd_errors;
+    } cluster;
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
     uint32_t next_worker;           /* round robin of accepted connections (atomic) */

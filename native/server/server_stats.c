@@ -38,6 +38,25 @@ void server_stats_sum(struct gdrkv_server *s, struct server_counters *sum)
         sum_counters(sum, &s->workers[i].counters);
 }
 
+void server_cluster_read(struct gdrkv_server *s, struct server_cluster_view *v)
+{
+    uint64_t renewed = __atomic_load_n(&s->cluster.lease_renewed_ns, __ATOMIC_RELAXED);
+    uint64_t now = gk_now_ns();
+
+    v->state = (uint64_t)__atomic_load_n(&s->cluster.state, __ATOMIC_RELAXED);
+    v->lease_age_ms = renewed && now > renewed ? (now - renewed) / 1000000u : 0;
+    v->etcd_errors = __atomic_load_n(&s->cluster.etcd_errors, __ATOMIC_RELAXED);
+}
+
+void server_cluster_stats(struct gdrkv_server *s, struct gk_text *t)
+{
+    struct server_cluster_view v;
+    server_cluster_read(s, &v);
+    gk_text_u64(t, "cluster_state", v.state);
+    gk_text_u64(t, "cluster_lease_age_ms", v.lease_age_ms);
+    gk_text_u64(t, "cluster_etcd_errors", v.etcd_errors);
+}
+
 /* Each line is named after the field it prints, so names can't drift. */
 #define STORE_LINE(field, kind, help) gk_text_u64(t, #field, (uint64_t)st.field);
 #define COUNTER_LINE(field, metric, help) gk_text_u64(t, #field, sum.field);
@@ -67,6 +86,7 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     gk_text_u64(t, "client_pinned_max_process_bytes", pins.max_process_bytes);
     gk_text_u64(t, "client_pinning_processes", pins.processes);
     SERVER_COUNTERS(COUNTER_LINE)
+    server_cluster_stats(s, t);
     server_rdma_stats(s, t);
     for (uint8_t op = 1; op <= GK_OP_MAX; op++) {
         snprintf(name, sizeof name, "ops_%s", gk_op_name(op));

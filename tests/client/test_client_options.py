@@ -9,7 +9,7 @@ from support.util import unique
 from gdrkv import errors
 
 VALID_OPTIONS = ["namespace", "timeout_ms", "connect_timeout_ms", "conns", "transport",
-                 "backoff_min_ms", "backoff_max_ms"]
+                 "backoff_min_ms", "backoff_max_ms", "replicas", "settle_ms"]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,9 @@ def test_unknown_option_is_named(where, embedded):
     ("connect_timeout_ms", -5),
     ("backoff_min_ms", "x"),
     ("transport", "pigeon"),
+    ("replicas", 0),
+    ("replicas", 9),
+    ("settle_ms", -1),
     ("namespace", "n" * 256),
     ("namespace", "tenant\0other"),
 ])

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from support.content import batch_get_bytes, batch_put_bytes, check_read, content
+from support.servers import freeze
 from support.util import background, stat, unique, wait_for
 from gdrkv import errors
 
@@ -37,20 +38,6 @@ def owners(make_client, servers, keys, namespace):
         assert sum(where) == 1, f"{key} is on servers {[i for i, w in enumerate(where) if w]}"
         found[key] = where.index(True)
     return found
-
-
-def freeze(proc):
-    """SIGSTOP, waiting until every thread has stopped: kill() returns before
-    they do, and a worker still running would answer the next request."""
-    proc.send_signal(signal.SIGSTOP)
-    tasks = f"/proc/{proc.pid}/task"
-
-    def state(tid):
-        with open(f"{tasks}/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-
-    wait_for(lambda: all(state(tid) in "Tt" for tid in os.listdir(tasks)), 5,
-             "the server's threads to stop")
 
 
 @pytest.fixture

@@ -291,12 +291,14 @@ def test_engines_get_namespaces_of_their_own_unless_told():
 def test_shipped_configs_never_share_a_namespace_by_accident():
     """Copied verbatim, the SGLang and vLLM configs leave the namespace to
     the adapters' defaults, and no LMCache config names one those could be."""
-    with open(os.path.join(CONFIGS, "sglang", "sglang_hicache.json")) as f:
-        assert "namespace" not in json.load(f)
+    for name in ("sglang_hicache.json", "sglang_hicache_cluster.json"):
+        with open(os.path.join(CONFIGS, "sglang", name)) as f:
+            assert "namespace" not in json.load(f)
     with open(os.path.join(CONFIGS, "sglang", "sglang_hicache.yaml")) as f:
         assert not [line for line in f if line.startswith("namespace")]
-    with open(os.path.join(CONFIGS, "vllm", "kv_transfer_config.json")) as f:
-        assert "namespace" not in json.load(f)["kv_connector_extra_config"]
+    for name in ("kv_transfer_config.json", "kv_transfer_config_cluster.json"):
+        with open(os.path.join(CONFIGS, "vllm", name)) as f:
+            assert "namespace" not in json.load(f)["kv_connector_extra_config"]
     for name in os.listdir(os.path.join(CONFIGS, "lmcache")):
         if name.endswith(".yaml"):
             with open(os.path.join(CONFIGS, "lmcache", name)) as f:

@@ -30,6 +30,7 @@ from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: E40
 from lmcache.v1.token_database import ChunkedTokenDatabase  # noqa: E402
 
 from support.content import content  # noqa: E402
+from support.etcd import wait_members  # noqa: E402
 from support.servers import drain  # noqa: E402
 from support.util import unique, wait_for  # noqa: E402
 from gdrkv import E_TOO_LARGE, GdrkvError  # noqa: E402
@@ -268,6 +269,26 @@ def test_connector_operations(server, make_worker):
     assert connector.remove_sync(key)
     assert not connector.remove_sync(key)
     assert not worker.run(connector.exists(key))
+
+
+def test_replicas_read_what_one_wrote_through_a_cluster_url(etcd, cluster_name, start_member,
+                                                            make_worker):
+    """url: gdrkv+etcd://... (#40): the plugin's client finds the members in
+    etcd; with replicas=2 each chunk is on both, and a reader of another
+    worker reads them byte-exact."""
+    servers = [start_member(i) for i in range(2)]
+    wait_members(etcd, cluster_name, servers)
+    url = etcd.url(cluster_name, "gdrkv+etcd") + "?replicas=2"
+    model = unique("model")
+    writer = make_worker(url, model=model)
+    reader = make_worker(url, model=model)
+    chunks = writer.store(tokens(2 * CHUNK_TOKENS + 3))
+    keys = [key for key, _ in chunks]
+    assert reader.remote().batched_contains(keys) == 3
+    for obj, (key, ntokens) in zip(reader.remote().batched_get_blocking(keys), chunks):
+        check_chunk(obj, key, ntokens, reader.metadata)
+        obj.ref_count_down()
+    assert [s.stats()["objects"] for s in servers] == [3, 3]
 
 
 # ---------------------------------------------------------------- keys

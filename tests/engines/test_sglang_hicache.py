@@ -27,6 +27,7 @@ from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E
 
 from support import sglang_pools as sp  # noqa: E402
 from support.sglang_pools import hashes  # noqa: E402
+from support.etcd import wait_members  # noqa: E402
 from support.util import (TESTS_DIR, background, counted, run_threads, unique,  # noqa: E402
                           wait_for)
 from gdrkv.adapters.sglang_hicache import GdrkvHiCacheStorage  # noqa: E402
@@ -100,6 +101,29 @@ def test_pages_round_trip_byte_exact(make_backend, attention, layout, page_size)
     # Other slots of another pool: the bytes move, not the slot numbers.
     assert reader.batch_get_v1(keys, sp.indices(reader_pool, [6, 0, 7, 3])) == [True] * 4
     assert same_pages(writer_pool, [1, 2, 3, 4], reader_pool, [6, 0, 7, 3]) == [True] * 4
+
+
+def test_pages_round_trip_through_a_cluster_url(etcd, cluster_name, start_member):
+    """url: gdrkv+etcd://... (#40): the backend's client finds the members in
+    etcd; with replicas=2 each page is on both."""
+    servers = [start_member(i) for i in range(2)]
+    wait_members(etcd, cluster_name, servers)
+    url = etcd.url(cluster_name, "gdrkv+etcd") + "?replicas=2"
+    namespace = unique("cluster")
+    pools = [sp.make_pool("mha", sp.MHA_LAYOUTS[0], 16, seed=s) for s in (1, 2)]
+    made = [attached(GdrkvHiCacheStorage(sp.storage_config(extra=sp.extra_config(
+        url, namespace=namespace)), {}), pool) for pool in pools]
+    try:
+        writer, reader = made
+        keys = hashes(4, 16)
+        assert writer.batch_set_v1(keys, sp.indices(pools[0], [1, 2, 3, 4])) == [True] * 4
+        assert reader.batch_exists(keys) == 4
+        assert reader.batch_get_v1(keys, sp.indices(pools[1], [5, 6, 7, 0])) == [True] * 4
+        assert same_pages(pools[0], [1, 2, 3, 4], pools[1], [5, 6, 7, 0]) == [True] * 4
+        assert [s.stats()["objects"] for s in servers] == [4, 4]
+    finally:
+        for backend in made:
+            backend.close()
 
 
 # ---------------------------------------------------------------- controller

@@ -5,9 +5,11 @@ the vLLM environment, against a real `gdrkv serve` process. Saving in one
 process and loading in another is what proves keys survive a restart."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from support.etcd import wait_members
 from support.util import unique
 from support.vllm_env import run_vllm_script, vllm_env
 
@@ -64,6 +66,22 @@ def test_a_saved_prefix_loads_byte_exact_into_other_blocks_of_a_fresh_process(
     assert c["external_tokens"] == 0 and "WAITING_FOR_REMOTE_KVS" not in c["statuses"]
     assert d["external_tokens"] == 3 * BLOCK and d["loaded_exact"] == [True] * 3
     assert loader["stats"]["load_keys"] == 8 and loader["stats"]["load_bytes"] == 8 * BLOCK_BYTES
+
+
+def test_a_saved_prefix_loads_through_a_cluster_url(vllm_python, etcd, cluster_name,
+                                                    start_member, ns):
+    """url: gdrkv+etcd://... (#40): each engine process finds the members in
+    etcd; with replicas=2 each block is on both."""
+    servers = [start_member(i) for i in range(2)]
+    wait_members(etcd, cluster_name, servers)
+    cluster = SimpleNamespace(url=etcd.url(cluster_name, "gdrkv+etcd") + "?replicas=2")
+    tokens = prompt(7, 4, extra=3)
+    saver = engine(vllm_python, cluster, ns, [{"requests": {"a": tokens}}])
+    assert saver["stats"]["save_keys"] == 4 and saver["stats"]["save_failed_keys"] == 0
+    loader = engine(vllm_python, cluster, ns, [{"requests": {"b": tokens}}])
+    b = loader["requests"]["b"]
+    assert b["external_tokens"] == 4 * BLOCK and b["loaded_exact"] == [True] * 4
+    assert [s.stats()["objects"] for s in servers] == [4, 4]
 
 
 def test_a_whole_prompt_hit_leaves_the_last_token_to_compute(vllm_python, server, ns):

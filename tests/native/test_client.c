@@ -253,6 +253,23 @@ static void test_options(void)
     CHECK_EQ(gdrkv_client_stats(NULL, err, sizeof err), GDRKV_E_CLOSED);
 }
 
+/* The unweighted rendezvous the client routed by before placement.c:
+ * placement must give every key of a static list the same server
+ * (test_placement.c checks that for random keys and lists). */
+static uint32_t route_pick(uint64_t key_hash, const uint64_t *seeds, uint32_t nservers)
+{
+    uint32_t best = 0;
+    uint64_t best_score = gk_mix64(key_hash ^ seeds[0]);
+    for (uint32_t i = 1; i < nservers; i++) {
+        uint64_t score = gk_mix64(key_hash ^ seeds[i]);
+        if (score > best_score || (score == best_score && seeds[i] > seeds[best])) {
+            best = i;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
 /* Rendezvous hashing: spread evenly, and a new server takes keys only for
  * itself. */
 static void test_routing(void)

@@ -19,8 +19,9 @@ def content(key, size):
     return np.random.default_rng(int.from_bytes(digest.digest(), "little")).bytes(size)
 
 
-def batch_put_bytes(client, keys, values):
-    """batch_put of in-memory values staged in one registered buffer."""
+def batch_put_bytes(client, keys, values, copies=False):
+    """batch_put of in-memory values staged in one registered buffer (with
+    copies: batch_put_copies, each key's result the copies written)."""
     staging = np.empty(max(1, sum(len(v) for v in values)), np.uint8)
     base, _ = client.register(staging)
     try:
@@ -30,7 +31,8 @@ def batch_put_bytes(client, keys, values):
             ptrs.append(base + off)
             sizes.append(len(value))
             off += len(value)
-        return client.batch_put(keys, ptrs, sizes)
+        put = client.batch_put_copies if copies else client.batch_put
+        return put(keys, ptrs, sizes)
     finally:
         client.unregister(base)
 

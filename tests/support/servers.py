@@ -12,7 +12,7 @@ import threading
 import time
 
 from support import wire
-from support.util import unique
+from support.util import unique, wait_for
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -174,6 +174,20 @@ def remove_stale_socket(path):
             os.unlink(path)
         except OSError:
             pass                        # already gone
+
+
+def freeze(proc):
+    """SIGSTOP, waiting until every thread has stopped: kill() returns before
+    they do, and a worker still running would answer the next request."""
+    proc.send_signal(signal.SIGSTOP)
+    tasks = f"/proc/{proc.pid}/task"
+
+    def state(tid):
+        with open(f"{tasks}/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    wait_for(lambda: all(state(tid) in "Tt" for tid in os.listdir(tasks)), 5,
+             "the server's threads to stop")
 
 
 class ServerSet:

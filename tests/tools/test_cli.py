@@ -128,6 +128,26 @@ def test_bench_on_embedded_server_writes_json(tmp_path):
         (s, op) for s in ("4KiB", "64KiB") for op in ("put", "get", "exists")}
 
 
+def test_bench_cluster_reports_every_measure(tmp_path):
+    """gdrkv bench --cluster (#40): etcd and the members start, the load runs
+    through a kill, a join and a leave, and every figure is in the JSON, the
+    table and the PNG."""
+    out, png = tmp_path / "cluster.json", tmp_path / "cluster.png"
+    result = gdrkv("bench", "--cluster", "2", "--cluster-clients", "1", "--cluster-ttl-ms",
+                   "2000", "--cluster-seconds", "0.5", "--json", str(out), "--png", str(png),
+                   timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = strict_json(out.read_text())
+    assert report["options"]["servers"] == 2 and report["options"]["replicas"] == 2
+    assert report["single_keys_per_s"] > 0 and report["cluster_keys_per_s"] > 0
+    assert report["detection_s"] > report["fallover_s"] > 0
+    assert 0 < report["join_moved_share"] < 1 and report["join_ideal_share"] == 0.5
+    assert [what for _, what in report["events"]] == ["kill", "join", "joined", "leave"]
+    assert sum(row["keys_per_s"] for row in report["timeline"]) > 0
+    assert report["png"] == str(png) and png.read_bytes().startswith(b"\x89PNG")
+    assert "detection: kill -> every table updated" in result.stdout
+
+
 def test_doctor():
     result = gdrkv("doctor", "--no-self-test", timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -53,6 +53,11 @@ EVERY = {
     "metrics_listen": "127.0.0.1:0",
     "metrics_token_file": "/etc/gdrkv/metrics-token",
     "metrics_namespaces": 250,
+    "cluster": "etcd://10.0.0.1:2379,10.0.0.2:2379/prefix-cache",
+    "advertise": "10.0.0.7:7480",
+    "zone": "rack-3",
+    "cluster_ttl_ms": 3000,
+    "cluster_leave_ms": 500,
 }
 
 
@@ -73,7 +78,8 @@ def test_every_flag_round_trips(tmp_path):
     assert printed("--config", str(path)) == EVERY
     # The file names every setting --print-config knows: none is missing.
     assert set(printed()) | {"unix_path", "auth_token_file", "metrics_listen", "metrics_token_file",
-                             "pool_file", "disk", "disk_size"} == set(EVERY)
+                             "pool_file", "disk", "disk_size", "cluster", "advertise",
+                             "zone"} == set(EVERY)
 
 
 def test_flags_win_over_the_file(tmp_path):

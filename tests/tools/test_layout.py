@@ -9,7 +9,8 @@ import pytest
 
 LIBRARY = ["gdrkv", "gdrkv.client", "gdrkv.server", "gdrkv.keys", "gdrkv.errors",
            "gdrkv.local", "gdrkv.gpu", "gdrkv.softverbs", "gdrkv.sizes", "gdrkv.table",
-           "gdrkv._capi"]
+           "gdrkv._capi", "gdrkv.cluster.etcd", "gdrkv.cluster.members",
+           "gdrkv.cluster.registration", "gdrkv.cluster.watcher", "gdrkv.cluster.status"]
 COMMAND_PACKAGES = ("gdrkv.bench", "gdrkv.doctor", "gdrkv.sysinfo")
 
 

@@ -6,7 +6,8 @@ stream and memcpy) measured in the same run (harness.py). --compare
 (compare.py) adds every transport, the peers (peers.py) and the engines'
 own storage (engines.py); --gpu (gpu.py) measures host<->GPU paths; --vllm
 (vllm.py) the vLLM connector's save and load of GPU KV; --restart
-(restart.py) a server's restart on a full pool file.
+(restart.py) a server's restart on a full pool file; --cluster N
+(cluster.py) a cluster in etcd through a kill, a join and a leave.
 """
 import argparse
 import contextlib
@@ -16,7 +17,7 @@ import sys
 from ..client import Client
 from ..sizes import parse_size
 from ..sysinfo.host import cpu_model
-from . import disk, gpu, plain, restart, scrape, vllm
+from . import cluster, disk, gpu, plain, restart, scrape, vllm
 from .harness import Ceilings, Progress, server, tcp_stream, write_json
 
 OPS = ("put", "get", "exists")
@@ -55,12 +56,14 @@ def add_arguments(parser):
                         help="start the server on this pool file, emptied first "
                              "(gdrkv serve --pool-file): the cost of headers in the pool")
     parser.add_argument("--png", metavar="PATH",
-                        help="with --compare: plot throughput against object size here")
+                        help="with --compare: plot throughput against object size here; "
+                             "with --cluster: keys/s and failures over time")
     gpu.add_arguments(parser)
     vllm.add_arguments(parser)
     restart.add_arguments(parser)
     disk.add_arguments(parser)
     scrape.add_arguments(parser)
+    cluster.add_arguments(parser)
 
 
 def run(args):
@@ -68,6 +71,8 @@ def run(args):
         print("gdrkv bench: --single-tenant and --pool-file start the server: no --url",
               file=sys.stderr)
         return 2
+    if args.cluster is not None:
+        return cluster.run(args)
     if args.gpu:
         return gpu.run(args)
     if args.vllm:

@@ -1,5 +1,7 @@
-"""The PNG of `gdrkv bench --compare`: throughput against object size, one
-line per system and one panel per operation, the ceilings dashed."""
+"""The PNGs of `gdrkv bench`: --compare's throughput against object size,
+one line per system and one panel per operation, the ceilings dashed; and
+--cluster's keys/s and failed keys over time through a kill, a join and a
+leave."""
 
 PANELS = (("put", "gb_per_s", "put GB/s"), ("get", "gb_per_s", "get GB/s"),
           ("exists", "mkeys_per_s", "exists Mkeys/s"))
@@ -43,4 +45,36 @@ def plot(report, path):
                     f"({machine['cpu_model']})", fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, dpi=80)
+    pyplot.close(figure)
+
+
+def plot_timeline(report, path):
+    """Draws --cluster's report (cluster.py) to path; ImportError without
+    matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    rows = report["timeline"]
+    t = [r["t"] for r in rows]
+    figure, (top, bottom) = pyplot.subplots(2, 1, figsize=(11, 6), sharex=True,
+                                            height_ratios=(3, 1))
+    top.plot(t, [r["keys_per_s"] for r in rows], label="keys/s served")
+    bottom.plot(t, [r["failed"] for r in rows], color="red", label="failed keys")
+    bottom.plot(t, [r["missed"] for r in rows], color="orange", label="missed keys")
+    for ax in (top, bottom):
+        for at, what in report["events"]:
+            ax.axvline(at, linestyle="--", color="grey")
+            if ax is top:
+                ax.text(at, 0.02, f" {what}", transform=ax.get_xaxis_transform())
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small", loc="upper right")
+    options = report["options"]
+    top.set_title(f"{options['servers']} servers, {options['clients']} clients, "
+                  f"replicas={options['replicas']}, lease {options['ttl_ms']} ms")
+    top.set_ylabel("keys/s")
+    bottom.set_ylabel("keys per 100 ms")
+    bottom.set_xlabel("seconds")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
     pyplot.close(figure)
