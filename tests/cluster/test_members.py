@@ -153,3 +153,17 @@ def test_replicas_option_is_checked(three, make_client):
     for bad in ("0", "9", "two"):
         with pytest.raises(ValueError, match="replicas"):
             gdrkv.Client(url + f"?replicas={bad}")
+
+
+def test_a_read_through_to_a_member_gone_is_a_miss(three, make_client):
+    """The previous owner of a moved key is dead: the read is a miss (the
+    key is not where it lives now), never the dead member's error."""
+    client = make_client(None, _members_later=True, namespace=unique("gone"), settle_ms=60000,
+                         timeout_ms=2000)
+    client._set_members(members(three[:1]))
+    client.put("k", b"v")
+    three[0].kill()
+    client._set_members(members(three[1:]))
+    assert client.batch_sizes(["k"]) == [gdrkv.E_NOT_FOUND]
+    assert client.get("k") is None
+    assert stat(client.stats()["client"], "read_throughs") >= 1
