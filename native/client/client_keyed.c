@@ -227,16 +227,18 @@ static int read_in_passes(struct gdrkv_client *c, struct client_table *t, uint8_
         for (uint32_t i = 0; i < n; i++) {
             if (targets[i] == CLIENT_NO_SERVER)
                 continue;
-            /* A key read through to an owner that fails was still a miss
-             * where it lives now: a miss, not an error. */
-            if (missed[i] && fails_over(k->results[i]))
-                k->results[i] = GDRKV_E_NOT_FOUND;
             missed[i] |= k->results[i] == GDRKV_E_NOT_FOUND;
             targets[i] = next_candidate(c, cd, i, &pos[i], k->results[i])
                              ? cd->slot[(size_t)i * cd->max + pos[i]]
                              : CLIENT_NO_SERVER;
         }
     }
+    /* A key that missed somewhere and then met only failures (a previous
+     * owner gone, the deadline) is a miss, not an error: it was not where
+     * it lives now. */
+    for (uint32_t i = 0; i < n; i++)
+        if (missed[i] && fails_over(k->results[i]))
+            k->results[i] = GDRKV_E_NOT_FOUND;
 out:
     free(targets);
     free(pos);

@@ -65,11 +65,12 @@ def test_swaps_under_calls(three, make_client):
     ns = unique("swap")
     client = make_client(None, _members_later=True, namespace=ns, replicas=2, timeout_ms=2000)
     client._set_members(members(three))
-    keys = [f"swap-{i}" for i in range(200)]
     sizes = [100 + i for i in range(200)]
     failures, stop, calls = [], threading.Event(), []
 
-    def caller():
+    def caller(name):
+        # Keys of its own: two writers of one key at once get E_BUSY.
+        keys = [f"swap-{name}-{i}" for i in range(200)]
         while not stop.is_set():
             started = time.monotonic()
             puts = batch_put_bytes(client, keys, [content(k, s) for k, s in zip(keys, sizes)])
@@ -83,7 +84,7 @@ def test_swaps_under_calls(three, make_client):
                 failures.append(str(e))
 
     tables = [three, three[:2], three[1:], [three[0], three[2]], three]
-    with background(caller, caller, timeout=60):
+    with background(lambda: caller("a"), lambda: caller("b"), timeout=60):
         try:
             for i in range(30):
                 seen = len(calls)
@@ -153,3 +154,17 @@ def test_replicas_option_is_checked(three, make_client):
     for bad in ("0", "9", "two"):
         with pytest.raises(ValueError, match="replicas"):
             gdrkv.Client(url + f"?replicas={bad}")
+
+
+def test_a_read_through_to_a_member_gone_is_a_miss(three, make_client):
+    """The previous owner of a moved key is dead: the read is a miss (the
+    key is not where it lives now), never the dead member's error."""
+    client = make_client(None, _members_later=True, namespace=unique("gone"), settle_ms=60000,
+                         timeout_ms=2000)
+    client._set_members(members(three[:1]))
+    client.put("k", b"v")
+    three[0].kill()
+    client._set_members(members(three[1:]))
+    assert client.batch_sizes(["k"]) == [gdrkv.E_NOT_FOUND]
+    assert client.get("k") is None
+    assert stat(client.stats()["client"], "read_throughs") >= 1
