@@ -141,7 +141,6 @@ static const struct server_option options[] = {
     OPTION(metrics_namespaces, metrics_namespaces, int, 100,
            "namespaces with series of their own in /metrics, those with most bytes; the "
            "others are summed in gdrkv_namespace_others_*"),
-                "serve the counters in the Prometheus text format at http://HOST:PORT/metrics"),
     TEXT_OPTION(cluster, NULL,
                 "join the cluster etcd://H1:2379[,H2:2379...]/NAME: keep this server's entry "
                 "(address, capacity, zone, state) in that etcd on a lease, so that clients of "
