@@ -15,6 +15,7 @@
 #include "check.h"
 #include "client/client_server.h"
 #include "client/client_state.h"
+#include "client/client_table.h"
 #include "common/common.h"
 #include "gdrkv.h"
 #include "gpu/gpu_slices.h"
@@ -80,7 +81,9 @@ static void call(gdrkv_client *c)
 static struct gpu_slices *stub_slices(gdrkv_client *c)
 {
     call(c);                        /* a connection, so the pool is mapped */
-    struct client_pool *pool = c->servers[0].ep.pool;
+    struct client_table *t = client_table_get(c);
+    struct client_pool *pool = t->all[0]->ep.pool;
+    client_table_put(t);
     CHECK(pool != NULL && pool->gpu_slices == NULL, "a mapped pool without slices");
     struct gpu_slices_ops ops = {NULL, stub_reg, stub_unreg, NULL};
     struct gpu_slices *s = calloc(1, sizeof *s);
