@@ -164,7 +164,7 @@ static void server_free(struct gdrkv_server *s)
     if (s->store)
         store_close(s->store);
     server_peers_free(s->peers);
-    server_pins_free(s->pins);
+    server_gpu_pins_free(s->gpu_pins);
     server_strangers_free(s->strangers);
     free(s);
 }
@@ -274,7 +274,7 @@ static int open_store(struct gdrkv_server *s, const gdrkv_server_opts *opts, cha
     if (rc == 0 && (rc = store_open(&s->store, &so, err, errlen)) != 0)
         s->store = NULL;
     free(disk_list);
-    if (rc == 0 && !(s->pins = server_pins_new(opts->max_connections, pool_file_bytes(s)))) {
+    if (rc == 0 && !(s->gpu_pins = server_gpu_pins_new(opts->max_connections, pool_file_bytes(s)))) {
         snprintf(err, errlen, "out of memory");
         rc = GDRKV_E_INTERNAL;
     }

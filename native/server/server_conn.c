@@ -86,8 +86,8 @@ int server_conn_open(struct server_worker *w, int fd, int local, const struct se
         w->conns->prev = c;
     w->conns = c;
     if (local) {    /* server_conn_close leaves */
-        c->pid = server_pins_peer_pid(fd);
-        server_pins_join(w->server->pins, c->pid);
+        c->pid = server_gpu_pins_peer_pid(fd);
+        server_gpu_pins_join(w->server->gpu_pins, c->pid);
     }
     return 0;
 }
@@ -115,7 +115,7 @@ void server_conn_close(struct server_conn *c)
     if (c->slot == CONN_SLOT_CLIENT)
         server_conn_slot_give(w->server, c->local, &c->peer);
     if (c->local)
-        server_pins_leave(w->server->pins, c->pid);
+        server_gpu_pins_leave(w->server->gpu_pins, c->pid);
     __atomic_fetch_sub(&w->server->buffered_bytes, c->body_cap, __ATOMIC_RELAXED);
     free(c->body);
     free(c->out);

@@ -296,8 +296,8 @@ void server_metrics_text(struct gdrkv_server *s, struct gk_text *t)
            (gk_now_ns() - s->started_ns) / 1000000000ull);
     metric(t, "gdrkv_shm_enabled", "gauge", "whether local clients get the pool (0 or 1)",
            (uint64_t)(s->unix_fd >= 0));
-    struct server_pins_totals pins;
-    server_pins_totals(s->pins, &pins);
+    struct server_gpu_pins_totals pins;
+    server_gpu_pins_totals(s->gpu_pins, &pins);
     metric(t, "gdrkv_client_pinned_bytes", "gauge",
            "bytes of the pool local client processes report registered with CUDA", pins.bytes);
     metric(t, "gdrkv_client_pinned_max_process_bytes", "gauge",

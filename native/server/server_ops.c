@@ -515,7 +515,7 @@ static int op_pins(struct server_conn *c)
     const char *why = "malformed pin report";
     int rc = gk_pins_decode(c->body, c->req.body_len, &r);
     if (!rc)
-        rc = server_pins_report(c->worker->server->pins, c->pid, &r, &why);
+        rc = server_gpu_pins_report(c->worker->server->gpu_pins, c->pid, &r, &why);
     if (rc)
         return server_reply_error(c, rc, why, strlen(why));
     return server_reply_status(c, 0);

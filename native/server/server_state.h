@@ -35,7 +35,7 @@
 #include "common/stats.h"
 #include "server_payload.h"
 #include "server_peers.h"
-#include "server_pins.h"
+#include "server_gpu_pins.h"
 #include "server_staging.h"
 #include "server_strangers.h"
 
@@ -167,7 +167,7 @@ struct gdrkv_server {
     uint32_t connections;           /* open tcp connections over all workers (atomic) */
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
-    struct server_pins *pins;       /* what local client processes pin of the pool */
+    struct server_gpu_pins *gpu_pins;   /* what local client processes pin of the pool for GPU copies */
     struct server_strangers *strangers; /* tcp connections before AUTH (with a token) */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     struct {                        /* what the cluster registration reports (atomic each;
@@ -285,7 +285,7 @@ struct server_conn {
     uint32_t events;                /* epoll interest registered now */
     int local;                      /* on the unix socket: shm allowed */
     struct server_peer peer;        /* tcp: whose per-peer slot it holds */
-    pid_t pid;                      /* local: the peer process (server_pins.h) */
+    pid_t pid;                      /* local: the peer process (server_gpu_pins.h) */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     int runnable;                   /* stopped at the step bound with work left */

@@ -80,8 +80,8 @@ void server_stats_text(struct gdrkv_server *s, struct gk_text *t)
     gk_text_u64(t, "unauthenticated_connections_current", server_strangers_count(s->strangers));
     gk_text_u64(t, "buffered_bytes", __atomic_load_n(&s->buffered_bytes, __ATOMIC_RELAXED));
     gk_text_u64(t, "shm_enabled", (uint64_t)(s->unix_fd >= 0));
-    struct server_pins_totals pins;
-    server_pins_totals(s->pins, &pins);
+    struct server_gpu_pins_totals pins;
+    server_gpu_pins_totals(s->gpu_pins, &pins);
     gk_text_u64(t, "client_pinned_bytes", pins.bytes);
     gk_text_u64(t, "client_pinned_max_process_bytes", pins.max_process_bytes);
     gk_text_u64(t, "client_pinning_processes", pins.processes);

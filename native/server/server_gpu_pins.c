@@ -1,8 +1,8 @@
 /*
- * server_pins.c - see server_pins.h. An open-addressing table with linear
+ * server_gpu_pins.c - see server_gpu_pins.h. An open-addressing table with linear
  * probing and backward-shift deletion, as server_peers.c's, keyed by pid.
  */
-#include "server_pins.h"
+#include "server_gpu_pins.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,19 +20,19 @@ struct slot {
     pid_t pid;
     uint32_t conns;             /* 0: the slot is free */
     uint32_t nmappings;
-    struct mapping mappings[SERVER_PINS_MAPPINGS];
+    struct mapping mappings[SERVER_GPU_PINS_MAPPINGS];
 };
 
-struct server_pins {
+struct server_gpu_pins {
     pthread_mutex_t lock;
     uint64_t pool_bytes;
     uint64_t mask;              /* slots - 1 */
     struct slot *slots;
 };
 
-struct server_pins *server_pins_new(uint32_t max_conns, uint64_t pool_bytes)
+struct server_gpu_pins *server_gpu_pins_new(uint32_t max_conns, uint64_t pool_bytes)
 {
-    struct server_pins *t = calloc(1, sizeof *t);
+    struct server_gpu_pins *t = calloc(1, sizeof *t);
     uint64_t n = 16;
     while (n < 2 * (uint64_t)max_conns)
         n *= 2;
@@ -47,7 +47,7 @@ struct server_pins *server_pins_new(uint32_t max_conns, uint64_t pool_bytes)
     return t;
 }
 
-void server_pins_free(struct server_pins *t)
+void server_gpu_pins_free(struct server_gpu_pins *t)
 {
     if (!t)
         return;
@@ -56,7 +56,7 @@ void server_pins_free(struct server_pins *t)
     free(t);
 }
 
-pid_t server_pins_peer_pid(int fd)
+pid_t server_gpu_pins_peer_pid(int fd)
 {
     struct ucred cred;
     socklen_t len = sizeof cred;
@@ -65,14 +65,14 @@ pid_t server_pins_peer_pid(int fd)
     return cred.pid;
 }
 
-static uint64_t home(const struct server_pins *t, pid_t pid)
+static uint64_t home(const struct server_gpu_pins *t, pid_t pid)
 {
     uint32_t key = (uint32_t)pid;
     return gk_hash64(&key, sizeof key, 0x70696e73) & t->mask;
 }
 
 /* pid's slot, or the free slot where it would go. Lock held. */
-static uint64_t find(const struct server_pins *t, pid_t pid)
+static uint64_t find(const struct server_gpu_pins *t, pid_t pid)
 {
     uint64_t i = home(t, pid);
     while (t->slots[i].conns && t->slots[i].pid != pid)
@@ -80,7 +80,7 @@ static uint64_t find(const struct server_pins *t, pid_t pid)
     return i;
 }
 
-void server_pins_join(struct server_pins *t, pid_t pid)
+void server_gpu_pins_join(struct server_gpu_pins *t, pid_t pid)
 {
     pthread_mutex_lock(&t->lock);
     struct slot *s = &t->slots[find(t, pid)];
@@ -91,7 +91,7 @@ void server_pins_join(struct server_pins *t, pid_t pid)
 }
 
 /* Knuth's algorithm R (server_peers.c). */
-static void remove_at(struct server_pins *t, uint64_t hole)
+static void remove_at(struct server_gpu_pins *t, uint64_t hole)
 {
     for (uint64_t i = (hole + 1) & t->mask; t->slots[i].conns; i = (i + 1) & t->mask) {
         uint64_t h = home(t, t->slots[i].pid);
@@ -104,7 +104,7 @@ static void remove_at(struct server_pins *t, uint64_t hole)
     t->slots[hole].conns = 0;
 }
 
-void server_pins_leave(struct server_pins *t, pid_t pid)
+void server_gpu_pins_leave(struct server_gpu_pins *t, pid_t pid)
 {
     pthread_mutex_lock(&t->lock);
     uint64_t i = find(t, pid);
@@ -131,7 +131,7 @@ static int record(struct slot *s, const struct gk_pins *r, const char **why)
     }
     if (r->bytes == 0)
         return 0;
-    if (s->nmappings == SERVER_PINS_MAPPINGS) {
+    if (s->nmappings == SERVER_GPU_PINS_MAPPINGS) {
         *why = "the process reports more mappings of the pool than the server keeps";
         return GDRKV_E_TOO_LARGE;
     }
@@ -139,7 +139,7 @@ static int record(struct slot *s, const struct gk_pins *r, const char **why)
     return 0;
 }
 
-int server_pins_report(struct server_pins *t, pid_t pid, const struct gk_pins *r,
+int server_gpu_pins_report(struct server_gpu_pins *t, pid_t pid, const struct gk_pins *r,
                        const char **why)
 {
     if (r->bytes > t->pool_bytes) {
@@ -161,9 +161,9 @@ int server_pins_report(struct server_pins *t, pid_t pid, const struct gk_pins *r
     return rc;
 }
 
-void server_pins_totals(struct server_pins *t, struct server_pins_totals *out)
+void server_gpu_pins_totals(struct server_gpu_pins *t, struct server_gpu_pins_totals *out)
 {
-    *out = (struct server_pins_totals){0};
+    *out = (struct server_gpu_pins_totals){0};
     pthread_mutex_lock(&t->lock);
     for (uint64_t i = 0; i <= t->mask; i++) {
         const struct slot *s = &t->slots[i];
