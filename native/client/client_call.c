@@ -312,7 +312,8 @@ static inline int check_key(const struct client_keys *k, uint32_t i, uint64_t fi
     if (k->seg_counts[i] > GK_MAX_SEGMENTS)
         return GDRKV_E_INVALID;
     for (uint64_t s = first_seg; s < first_seg + k->seg_counts[i]; s++) {
-        if (k->seg_lens[s] && !k->seg_ptrs[s])
+        /* (A destination the answer allocates has none yet.) */
+        if (k->seg_lens[s] && !k->seg_ptrs[s] && !k->alloc_ptrs)
             return GDRKV_E_INVALID;
         if (k->seg_lens[s] > GK_MAX_OBJECT - *size)
             return GDRKV_E_TOO_LARGE;
@@ -496,6 +497,8 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
             .seg_lens = k->seg_lens,
             .seg_counts = k->seg_counts,
             .results = k->results,
+            .alloc_ptrs = k->alloc_ptrs,
+            .alloc_lens = k->alloc_lens,
             .copier = &c->copier,
             .deadline_ns = start + (uint64_t)c->opts.timeout_ms * 1000000u,
         },
@@ -520,8 +523,10 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     memset(t.shares, 0, c->nservers * sizeof *t.shares);
 
     int rc = 0;
-    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
-                                          &c->gpu_put_streams, &rc);
+    /* Memory the call allocates is host memory. */
+    t.gpu = b->gpu = k->alloc_ptrs ? NULL
+                                   : gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
+                                                      &c->gpu_put_streams, &rc);
     if (rc) {
         for (uint32_t i = 0; i < k->n; i++)
             k->results[i] = rc;
@@ -548,6 +553,24 @@ static int run_keyed(struct gdrkv_client *c, uint8_t op, const struct client_key
     return rc;
 }
 
+/* A GET's or EXISTS' keys found and not found (docs/operations.md, "What
+ * the read counters count"): a key that got another error (its server
+ * down, a destination too small) is neither. */
+static void count_lookups(struct gdrkv_client *c, uint8_t op, const struct client_keys *k)
+{
+    uint64_t found = 0, missing = 0;
+
+    if (op != GK_OP_GET && op != GK_OP_EXISTS)
+        return;
+    for (uint32_t i = 0; i < k->n; i++) {
+        found += k->results[i] >= 0;
+        missing += k->results[i] == GDRKV_E_NOT_FOUND;
+    }
+    struct client_counters *n = &c->counters;
+    gk_counter_add(op == GK_OP_GET ? &n->hits : &n->exists_hits, found);
+    gk_counter_add(op == GK_OP_GET ? &n->misses : &n->exists_misses, missing);
+}
+
 static void record_call(struct gdrkv_client *c, uint8_t op, uint32_t keys, uint64_t start)
 {
     gk_counter_add(&c->counters.calls[op], 1);
@@ -566,6 +589,8 @@ int client_keyed_call(struct gdrkv_client *c, uint8_t op, const struct client_ke
         return GDRKV_E_INVALID;
     uint64_t start = gk_now_ns();
     int rc = k->n ? run_keyed(c, op, k, start) : 0;
+    if (rc == 0)
+        count_lookups(c, op, k);
     record_call(c, op, k->n, start);
     return rc;
 }

@@ -236,6 +236,16 @@ int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys,
                        const uint32_t *key_lens, int64_t *results);
 int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys,
                        const uint32_t *key_lens, int64_t *results);
+/* Reads the object under one key, whatever its size, into memory the call
+ * allocates once the answer has told that size: one GET, so one round trip
+ * and one lookup (hit or miss) on the server. *result gets the bytes read
+ * or a negative gdrkv_error (NOT_FOUND, ...); on success *value points at
+ * them (free it with gdrkv_free), else it is NULL. Returns 0 when the call
+ * ran, as the batch calls do. The memory is the client's own, so over rdma
+ * the value comes on the socket. */
+int gdrkv_get_alloc(gdrkv_client *c, const char *key, uint32_t key_len, uint8_t **value,
+                    int64_t *result);
+void gdrkv_free(void *p);
 
 /* Removes every object of the client's namespace on every server; returns
  * the number removed or a negative error (first failing server). */

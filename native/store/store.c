@@ -446,6 +446,7 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
                         uint32_t n, int32_t *status, uint64_t *sizes)
 {
     struct lookups l;
+    uint32_t found = 0;
     lookups_begin(s, &l, ns, e, n, LOOKUP_SHARED);
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
@@ -454,7 +455,12 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
         if (status[i] == GDRKV_E_NOT_FOUND && s->disk && store_ns_name_ok(ns) &&
             disk_contains(s->disk, store_ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
             status[i] = 0;
+        found += status[i] == 0;
     }
+    /* Apart from hits and misses: an engine asks, then reads what it was
+     * told is there, and one page would count twice. */
+    __atomic_add_fetch(&s->st.exists_hits, found, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->st.exists_misses, n - found, __ATOMIC_RELAXED);
     store_unlock(s);
 }
 

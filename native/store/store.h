@@ -60,6 +60,8 @@ struct store_chunk {
     X(pinned_objects, GAUGE, "objects with at least one pin")                        \
     X(hits, COUNTER, "keys looked up for reading and found")                         \
     X(misses, COUNTER, "keys looked up for reading and not found")                   \
+    X(exists_hits, COUNTER, "keys asked about (EXISTS) and found")                   \
+    X(exists_misses, COUNTER, "keys asked about (EXISTS) and not found")             \
     X(puts, COUNTER, "committed puts")                                               \
     X(put_dedup, COUNTER, "puts of keys already present")                            \
     X(put_no_space, COUNTER, "reservations refused for lack of space")               \
