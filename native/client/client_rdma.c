@@ -622,9 +622,7 @@ const struct client_exchange *client_rdma_exchange(const struct client_conn *c)
 {
     uint8_t op = c->batch->opcode;
 
-    /* Memory a GET allocates as it is answered has no MR: the socket
-     * carries it. */
-    if ((op == GK_OP_GET || op == GK_OP_PUT) && !c->batch->alloc_ptrs &&
+    if ((op == GK_OP_GET || op == GK_OP_PUT) &&
         client_rdma_frame_ok(c->rdma, c->batch, c->frame))
         return op == GK_OP_GET ? &rdma_lease : &rdma_reserve;
     return NULL;
