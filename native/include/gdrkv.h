@@ -22,7 +22,8 @@ enum gdrkv_error {
     GDRKV_E_PROTOCOL = -6,    /* malformed frame from the other side */
     GDRKV_E_INVALID = -7,     /* bad argument: key length, segment count, ... */
     GDRKV_E_TOO_LARGE = -8,   /* object or batch over a protocol limit */
-    GDRKV_E_BUSY = -9,        /* object is being written by another client */
+    GDRKV_E_BUSY = -9,        /* PUT: object is being written by another client;
+                                 read: the reader's pins are at peer_pin_share */
     GDRKV_E_UNSUPPORTED = -10,/* opcode or version the server does not know */
     GDRKV_E_INTERNAL = -11,   /* out of memory or a bug: see the log */
     GDRKV_E_CLOSED = -12,     /* client or server already closed */
@@ -64,6 +65,10 @@ typedef struct gdrkv_server_opts {
     uint32_t lease_timeout_ms;  /* an shm or rdma read lease (or an rdma write
                                    reservation) not ended by then is dropped,
                                    and its client told so */
+    double peer_pin_share;      /* most of the pool one peer (an IP address, a
+                                   local process) may hold pinned by its reads
+                                   (tcp GETs in flight, leases); keys past it
+                                   are answered GDRKV_E_BUSY */
     int rdma;                   /* -1 serve rdma clients when a device is there,
                                    0 never, 1 require (the start fails without) */
     const char *auth_token_file;/* serve only clients proving they hold this

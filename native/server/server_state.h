@@ -34,6 +34,7 @@
 #include "common/stats.h"
 #include "server_payload.h"
 #include "server_peers.h"
+#include "server_pins.h"
 #include "server_staging.h"
 
 struct disk_frame;
@@ -72,6 +73,8 @@ struct store;
       "GETs and LEASEs that waited for keys read back from the disk tier")                     \
     X(get_pins_expired, get_pins_expired,                                                       \
       "tcp GETs whose reader was too slow: closed, pins dropped")                               \
+    X(pin_cap_refused_keys, pin_cap_refused_keys,                                               \
+      "GET and LEASE keys answered BUSY: their peer had peer_pin_share of the pool pinned")     \
     X(bytes_in, received_bytes, "PUT payload bytes received")                                   \
     X(bytes_out, sent_bytes, "GET payload bytes sent")                                          \
     X(frames_bad, frames_bad, "malformed or rejected frames")                                   \
@@ -156,6 +159,7 @@ struct gdrkv_server {
     uint32_t connections;           /* open tcp connections over all workers (atomic) */
     uint32_t local_connections;     /* open unix ones (atomic) */
     struct server_peers *peers;     /* tcp connections per peer address */
+    struct server_pins *pins;       /* bytes each peer's reads hold pinned */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     uint64_t started_ns;
     int nworkers;                   /* workers set up (epoll, scratch) */
@@ -257,6 +261,8 @@ struct server_conn {
     uint32_t events;                /* epoll interest registered now */
     int local;                      /* on the unix socket: shm allowed */
     struct server_peer peer;        /* tcp: whose per-peer slot it holds */
+    struct server_pin_account *pin_account; /* its peer's pins, from its first read on */
+    uint64_t pins_charged;          /* bytes of the pins it holds, charged there */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     int runnable;                   /* stopped at the step bound with work left */

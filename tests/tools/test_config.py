@@ -35,6 +35,7 @@ EVERY = {
     "max_buffered": "64MiB",
     "unix_path": "",
     "lease_timeout_ms": 777,
+    "peer_pin_share": 0.5,
     "rdma": "off",
     "shm_staging": "8MiB",
     "single_tenant": True,
