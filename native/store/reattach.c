@@ -429,6 +429,7 @@ static void *make_run(void *arg)
             break;
         }
         o->state = OBJ_COMMITTED;
+        o->unverified = 1;
         dlink_push_head(&j->lru, &o->lru);
         dlink_push_head(&run->objs, &o->ns_link);
         run->objects++;
@@ -512,6 +513,7 @@ static void splice_runs(struct rebuild *r, struct rebuild_job *jobs)
         s->st.object_bytes += j->bytes;
         s->st.restored_objects += j->made;
     }
+    s->restored_unverified = s->st.restored_objects > 0;
     /* A namespace whose every object was dropped goes: namespaces live
      * exactly as long as they have objects. */
     for (struct dlink *l = s->ns_list.next, *next; l != &s->ns_list; l = next) {

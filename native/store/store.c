@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/log.h"
 #include "disk.h"
 #include "gdrkv.h"
 #include "lookup.h"
@@ -173,11 +174,22 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
     o->nchunks = 0;
     o->head_len = head_len;
     o->on_disk = 0;
+    o->unverified = 0;
     o->state = OBJ_RESERVED;
     return o;
 }
 
 uint64_t store_obj_head_off(const struct store_obj *o) { return o->chunks[0].off - o->head_len; }
+
+uint32_t store_value_sum(const struct store *s, const struct store_obj *o)
+{
+    uint32_t n;
+    const struct store_chunk *c = store_obj_chunks(o, &n);
+    uint64_t h = o->size;
+    for (uint32_t k = 0; k < n; k++)
+        h = gk_checksum64(s->pool.base + c[k].off, c[k].len, h);
+    return (uint32_t)(h ^ (h >> 32));
+}
 
 static void obj_free(struct store *s, struct store_obj *o)
 {
@@ -397,6 +409,46 @@ uint64_t store_obj_size(const struct store_obj *o) { return o->size; }
 
 /* ------------------------------------------------------------ read path */
 
+/* Restored values. A restart trusts a pool file's heads (their own
+ * checksums), not its value bytes: whoever can write the file while no
+ * server runs can change them. So a restored object is served only once
+ * its value matches the checksum its head was sealed with at COMMIT, on
+ * its first read, by the reader's thread, outside the lock (it is pinned):
+ * the restart costs nothing more, and each restored object one checksum
+ * pass, once. One that does not match is dropped, and its read is a miss. */
+static int drop_if_changed(struct store *s, struct store_obj *o)
+{
+    if (store_value_sum(s, o) == persist_value_sum(s->pool.base, store_obj_head_off(o))) {
+        __atomic_store_n(&o->unverified, 0, __ATOMIC_RELAXED);
+        return 0;
+    }
+    store_lock(s);
+    if (o->state == OBJ_COMMITTED) {    /* not dropped by another reader meanwhile */
+        GK_WARN("a restored object's value (%llu bytes) does not match its checksum: dropped",
+                (unsigned long long)o->size);
+        s->st.restore_bad_values++;
+        do_obj_unlink_dropping_ns(s, o);
+    }
+    do_obj_unpin(s, o);
+    s->st.hits--;
+    s->st.misses++;
+    store_unlock(s);
+    return 1;
+}
+
+static void verify_restored(struct store *s, struct store_obj **objs, uint32_t n,
+                            int32_t *status, uint64_t *sizes)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i] && __atomic_load_n(&objs[i]->unverified, __ATOMIC_RELAXED) &&
+            drop_if_changed(s, objs[i])) {
+            objs[i] = NULL;
+            status[i] = GDRKV_E_NOT_FOUND;
+            sizes[i] = 0;
+        }
+    }
+}
+
 void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                      uint32_t n, int touch, struct store_obj **objs, int32_t *status,
                      uint64_t *sizes)
@@ -420,6 +472,8 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
     __atomic_add_fetch(&s->st.hits, hits, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->st.misses, n - hits, __ATOMIC_RELAXED);
     store_unlock(s);
+    if (s->restored_unverified)
+        verify_restored(s, objs, n, status, sizes);
 }
 
 void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)
@@ -579,6 +633,12 @@ void store_reserve_batch(struct store *s, const struct gk_ns *ns, const struct g
 
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
+    /* A pool file's heads get their values' checksums, read outside the
+     * lock: the objects are still this caller's reservations. */
+    for (uint32_t i = 0; s->piece_hdr && i < n; i++)
+        if (objs[i])
+            persist_seal_value(s->pool.base, store_obj_head_off(objs[i]),
+                               store_value_sum(s, objs[i]));
     store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (!objs[i])

@@ -73,6 +73,8 @@ struct store_chunk {
     X(pool_file, GAUGE, "whether the pool is a file that outlives the server (0 or 1)") \
     X(restored_objects, GAUGE, "objects re-attached from the pool file at start")    \
     X(restore_dropped, GAUGE, "heads in the pool file not served: uncommitted or torn") \
+    X(restore_bad_values, COUNTER, "restored objects whose value failed its checksum on " \
+      "their first read: dropped, a miss")                                           \
     X(demotions, COUNTER, "objects evicted from memory with a copy on disk")         \
     X(demoted_bytes, COUNTER, "bytes of the objects demoted")                        \
     X(promotions, COUNTER, "objects read back from disk into memory for a reader")  \

@@ -115,7 +115,9 @@ static void pick_cold(struct store *s, struct demotion *b, int draining)
         seen += o->size;
         if (o->pins)
             continue;
-        if (o->on_disk || o->size > disk_max_value(s->disk)) {
+        /* A restored value not yet checked (store.c, "Restored values")
+         * is never written to disk, where its record would vouch for it. */
+        if (o->on_disk || o->unverified || o->size > disk_max_value(s->disk)) {
             if (draining)
                 do_evict(s, o);
             continue;
@@ -383,6 +385,9 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
     uint64_t size;
     disk_release(s->disk, &p->loc);
     free(p->iov);
+    /* Its value came back whole (the disk record's checksum held). */
+    if (rc == 0 && s->piece_hdr)
+        persist_seal_value(s->pool.base, store_obj_head_off(o), store_value_sum(s, o));
     store_lock(s);
     /* Deleted from disk while it was read: it stays deleted. */
     if (rc == 0 && disk_contains(s->disk, store_ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {
