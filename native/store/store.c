@@ -47,7 +47,6 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "common/log.h"
 #include "disk.h"
 #include "gdrkv.h"
 #include "lookup.h"
@@ -409,46 +408,6 @@ uint64_t store_obj_size(const struct store_obj *o) { return o->size; }
 
 /* ------------------------------------------------------------ read path */
 
-/* Restored values. A restart trusts a pool file's heads (their own
- * checksums), not its value bytes: whoever can write the file while no
- * server runs can change them. So a restored object is served only once
- * its value matches the checksum its head was sealed with at COMMIT, on
- * its first read, by the reader's thread, outside the lock (it is pinned):
- * the restart costs nothing more, and each restored object one checksum
- * pass, once. One that does not match is dropped, and its read is a miss. */
-static int drop_if_changed(struct store *s, struct store_obj *o)
-{
-    if (store_value_sum(s, o) == persist_value_sum(s->pool.base, store_obj_head_off(o))) {
-        __atomic_store_n(&o->unverified, 0, __ATOMIC_RELAXED);
-        return 0;
-    }
-    store_lock(s);
-    if (o->state == OBJ_COMMITTED) {    /* not dropped by another reader meanwhile */
-        GK_WARN("a restored object's value (%llu bytes) does not match its checksum: dropped",
-                (unsigned long long)o->size);
-        s->st.restore_bad_values++;
-        do_obj_unlink_dropping_ns(s, o);
-    }
-    do_obj_unpin(s, o);
-    s->st.hits--;
-    s->st.misses++;
-    store_unlock(s);
-    return 1;
-}
-
-static void verify_restored(struct store *s, struct store_obj **objs, uint32_t n,
-                            int32_t *status, uint64_t *sizes)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        if (objs[i] && __atomic_load_n(&objs[i]->unverified, __ATOMIC_RELAXED) &&
-            drop_if_changed(s, objs[i])) {
-            objs[i] = NULL;
-            status[i] = GDRKV_E_NOT_FOUND;
-            sizes[i] = 0;
-        }
-    }
-}
-
 void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_entry *e,
                      uint32_t n, int touch, struct store_obj **objs, int32_t *status,
                      uint64_t *sizes)
@@ -473,7 +432,7 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
     __atomic_add_fetch(&s->st.misses, n - hits, __ATOMIC_RELAXED);
     store_unlock(s);
     if (s->restored_unverified)
-        verify_restored(s, objs, n, status, sizes);
+        store_verify_restored(s, objs, n, status, sizes);
 }
 
 void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)

@@ -217,6 +217,15 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
 uint64_t store_obj_head_off(const struct store_obj *o);
 /* The checksum of o's value bytes a pool file's head keeps (persist.h). */
 uint32_t store_value_sum(const struct store *s, const struct store_obj *o);
+/* A read's pinned objects restored from a pool file and not checked yet
+ * are checked now (reattach.c, "Restored values"); one whose value
+ * changed is let go, dropped and answered NOT_FOUND. */
+void store_verify_restored(struct store *s, struct store_obj **objs, uint32_t n,
+                           int32_t *status, uint64_t *sizes);
+/* The same for one pinned unverified object, without the lock: 0 when its
+ * value matched (it is checked from now on), else 1 once it is dropped and
+ * its pin let go; reading: the check is a read's, whose hit becomes a miss. */
+int store_drop_if_changed(struct store *s, struct store_obj *o, int reading);
 
 /* The hot path's steps that promotion and demotion (tiering.c) take too:
  * the caller holds the lock alone. */

@@ -115,9 +115,7 @@ static void pick_cold(struct store *s, struct demotion *b, int draining)
         seen += o->size;
         if (o->pins)
             continue;
-        /* A restored value not yet checked (store.c, "Restored values")
-         * is never written to disk, where its record would vouch for it. */
-        if (o->on_disk || o->unverified || o->size > disk_max_value(s->disk)) {
+        if (o->on_disk || o->size > disk_max_value(s->disk)) {
             if (draining)
                 do_evict(s, o);
             continue;
@@ -137,6 +135,28 @@ static uint32_t obj_iov(const struct store *s, const struct store_obj *o, struct
     for (uint32_t k = 0; k < n; k++)
         iov[k] = (struct iovec){s->pool.base + c[k].off, c[k].len};
     return n;
+}
+
+/* A restored value not checked yet (reattach.c, "Restored values") is
+ * checked before it goes to disk, whose record would vouch for it: one
+ * that changed is dropped and leaves the batch, whose last object takes
+ * its place. Without the lock; the batch is described. */
+static void check_restored(struct store *s, struct demotion *b)
+{
+    for (uint32_t i = 0; i < b->n;) {
+        struct store_obj *o = b->objs[i];
+        if (!__atomic_load_n(&o->unverified, __ATOMIC_RELAXED) ||
+            !store_drop_if_changed(s, o, 0)) {
+            i++;
+            continue;
+        }
+        uint32_t last = --b->n;
+        b->objs[i] = b->objs[last];
+        b->ns_len[i] = b->ns_len[last];
+        memcpy(b->ns[i], b->ns[last], b->ns_len[last]);
+        b->items[i] = b->items[last];
+        b->items[i].ns = b->ns[i];
+    }
 }
 
 /* The batch's disk items, pointing at the objects' chunks in the pool. */
@@ -220,6 +240,8 @@ void *store_demoter_main(void *arg)
         }
         int described = describe(s, b) == 0;
         store_unlock(s);
+        if (described && s->restored_unverified)
+            check_restored(s, b);
         if (described)
             disk_put_batch(s->disk, b->items, b->n, b->status);
         else
