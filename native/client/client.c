@@ -292,6 +292,32 @@ int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys, const uint
     return client_keyed_call(c, GK_OP_EXISTS, &k);
 }
 
+int gdrkv_get_alloc(gdrkv_client *c, const char *key, uint32_t key_len, uint8_t **value,
+                    int64_t *result)
+{
+    uint64_t ptr = 0, len = GK_MAX_OBJECT;
+    uint32_t one = 1;
+    struct client_keys k = {.n = 1, .keys = key, .key_lens = &key_len, .seg_ptrs = &ptr,
+                            .seg_lens = &len, .seg_counts = &one, .results = result,
+                            .alloc_ptrs = &ptr, .alloc_lens = &len};
+
+    if (!value || !result)
+        return GDRKV_E_INVALID;
+    *value = NULL;
+    int rc = client_keyed_call(c, GK_OP_GET, &k);
+    if (rc == 0 && *result >= 0) {
+        *value = (uint8_t *)(uintptr_t)ptr;
+        return 0;
+    }
+    free((void *)(uintptr_t)ptr);   /* an answer that came, then the frame failed */
+    return rc;
+}
+
+void gdrkv_free(void *p)
+{
+    free(p);
+}
+
 int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys, const uint32_t *key_lens,
                        int64_t *results)
 {

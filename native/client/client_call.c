@@ -322,7 +322,8 @@ static inline int check_key(const struct client_keys *k, uint32_t i, uint64_t fi
     if (k->seg_counts[i] > GK_MAX_SEGMENTS)
         return GDRKV_E_INVALID;
     for (uint64_t s = first_seg; s < first_seg + k->seg_counts[i]; s++) {
-        if (k->seg_lens[s] && !k->seg_ptrs[s])
+        /* (A destination the answer allocates has none yet.) */
+        if (k->seg_lens[s] && !k->seg_ptrs[s] && !k->alloc_ptrs)
             return GDRKV_E_INVALID;
         if (k->seg_lens[s] > GK_MAX_OBJECT - *size)
             return GDRKV_E_TOO_LARGE;
@@ -515,6 +516,8 @@ int client_round_run(struct gdrkv_client *c, uint8_t op, const struct client_key
             .seg_lens = k->seg_lens,
             .seg_counts = k->seg_counts,
             .results = r->results,
+            .alloc_ptrs = k->alloc_ptrs,
+            .alloc_lens = k->alloc_lens,
             .copier = &c->copier,
             .deadline_ns = r->deadline_ns,
         },
@@ -539,8 +542,10 @@ int client_round_run(struct gdrkv_client *c, uint8_t op, const struct client_key
     memset(t.shares, 0, table->nall * sizeof *t.shares);
 
     int rc = 0;
-    t.gpu = b->gpu = gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
-                                      &c->gpu_put_streams, &rc);
+    /* Memory the call allocates is host memory. */
+    t.gpu = b->gpu = k->alloc_ptrs ? NULL
+                                   : gpu_call_prepare(&c->regions, c->opts.gpu_copy, op, k,
+                                                      &c->gpu_put_streams, &rc);
     if (rc) {
         free(a.base);
         goto fail_all;

@@ -82,6 +82,25 @@ struct gk_result client_frame_key_result(const struct client_conn *c, uint32_t k
     return r;
 }
 
+/* A GET into memory the call allocates: position p's object has size
+ * bytes, so its one segment becomes that much memory, before any of its
+ * bytes arrive. An answer read again (the frame sent again on another
+ * connection) replaces the memory of the first. */
+static int allocate_destination(struct client_conn *c, uint32_t p, uint64_t size)
+{
+    struct client_batch *b = c->batch;
+    uint64_t seg = b->first_seg[p];
+
+    free((void *)(uintptr_t)b->alloc_ptrs[seg]);
+    void *m = malloc(size ? size : 1);
+    b->alloc_ptrs[seg] = (uintptr_t)m;
+    b->alloc_lens[seg] = m ? size : 0;
+    if (m)
+        return 0;
+    c->why = "out of memory for the object read";
+    return GDRKV_E_INTERNAL;
+}
+
 int client_frame_take_results(struct client_conn *c, uint64_t *payload)
 {
     struct client_batch *b = c->batch;
@@ -103,6 +122,11 @@ int client_frame_take_results(struct client_conn *c, uint64_t *payload)
                 return client_frame_broken(c, "object larger than its destination");
             carried = op == GK_OP_GET ? r.size : 0;
             result = op == GK_OP_GET || op == GK_OP_EXISTS ? (int64_t)r.size : 0;
+            if (op == GK_OP_GET && b->alloc_ptrs) {
+                int rc = allocate_destination(c, p, r.size);
+                if (rc)
+                    return rc;
+            }
         }
         if (op == GK_OP_GET) {
             b->got[p] = carried;

@@ -302,6 +302,25 @@ static int keyed(struct gdrkv_client *c, struct client_table *t, uint8_t op,
     return rc;
 }
 
+/* A GET's or EXISTS' keys found and not found (docs/operations.md, "What
+ * the read counters count"): a key that got another error (its servers
+ * down, a destination too small) is neither. Counted once per key, after
+ * its fail-over and read-through. */
+static void count_lookups(struct gdrkv_client *c, uint8_t op, const struct client_keys *k)
+{
+    uint64_t found = 0, missing = 0;
+
+    if (op != GK_OP_GET && op != GK_OP_EXISTS)
+        return;
+    for (uint32_t i = 0; i < k->n; i++) {
+        found += k->results[i] >= 0;
+        missing += k->results[i] == GDRKV_E_NOT_FOUND;
+    }
+    struct client_counters *n = &c->counters;
+    gk_counter_add(op == GK_OP_GET ? &n->hits : &n->exists_hits, found);
+    gk_counter_add(op == GK_OP_GET ? &n->misses : &n->exists_misses, missing);
+}
+
 int client_keyed_call(struct gdrkv_client *c, uint8_t op, const struct client_keys *k)
 {
     int has_values = op == GK_OP_GET || op == GK_OP_PUT;
@@ -318,6 +337,8 @@ int client_keyed_call(struct gdrkv_client *c, uint8_t op, const struct client_ke
         rc = keyed(c, t, op, k, start);
         client_table_put(t);
     }
+    if (rc == 0)
+        count_lookups(c, op, k);
     client_record_call(c, op, k->n, start);
     return rc;
 }

@@ -76,6 +76,10 @@ struct gpu_call;
     OWN(connect_failures)                                                                       \
     OWN(shortcircuit_keys)          /* keys failed at once because their server was down */    \
     OWN(shm_connects)               /* of connects, over a unix socket with the pool mapped */  \
+    OWN(hits)                       /* GET keys read */                                         \
+    OWN(misses)                     /* GET keys the server did not have (NOT_FOUND) */          \
+    OWN(exists_hits)                /* EXISTS keys found */                                     \
+    OWN(exists_misses)              /* EXISTS keys not found */                                 \
     CALL(shm_bytes_copied)          /* GET bytes copied out of a mapped pool */                 \
     CALL(shm_bytes_staged)          /* PUT bytes copied into staging or the pool */             \
     CALL(shm_leases_expired)        /* LEASE frames whose keys failed: lease lost */            \
@@ -215,6 +219,11 @@ struct client_keys {
     int64_t *results;
     uint64_t stream;                /* GET/PUT: the caller's CUstream, or 0 */
     int want_copies;                /* PUT: results[i] = copies written, not 0 */
+    /* A GET into memory the call allocates (gdrkv_get_alloc): seg_ptrs and
+     * seg_lens are these, one segment per key, 0 and GK_MAX_OBJECT until
+     * the answer tells a key's size (client_frame_take_results); else NULL. */
+    uint64_t *alloc_ptrs;
+    uint64_t *alloc_lens;
 };
 
 /* One call taken apart: the keys grouped by server (client_call.c builds
@@ -234,6 +243,8 @@ struct client_batch {
     /* Where position p's result goes: results[slot[p]] (a key sent to
      * several servers has a result per copy), or NULL: results[index[p]]. */
     uint32_t *slot;
+    uint64_t *alloc_ptrs;   /* the same as seg_ptrs/seg_lens, writable, for a GET */
+    uint64_t *alloc_lens;   /* whose destinations the answers allocate; else NULL */
 
     /* The keys that go on the wire, grouped by server: position p is the
      * caller's key index[p]. Gathered so that a frame's keys are one run

@@ -233,15 +233,20 @@ class Client:
     def get(self, key):
         """The bytes stored under key, or None when there are none; raises
         GdrkvError for any other failure."""
-        size = self.batch_sizes([key])[0]
-        if size < 0:
-            return _none_if_missing(size, key)
-        buf = bytearray(size)
-        view = ffi.from_buffer(buf)
-        result = self.batch_get([key], [_address(view)], [size])[0]
-        if result < 0:
-            return _none_if_missing(result, key)
-        return bytes(buf)
+        key_bytes = key.encode() if isinstance(key, str) else key
+        value = ffi.new("uint8_t **")
+        result = ffi.new("int64_t *")
+        # One GET whatever the size (the C client allocates the memory once
+        # the answer tells it): one round trip, one hit or miss counted.
+        with self._calls:
+            check(lib.gdrkv_get_alloc(self._handle, key_bytes, len(key_bytes), value, result),
+                  f"get {key!r}")
+        if result[0] < 0:
+            return _none_if_missing(result[0], key)
+        try:
+            return ffi.buffer(value[0], result[0])[:]
+        finally:
+            lib.gdrkv_free(value[0])
 
     # ------------------------------------------------------------ whole store
 

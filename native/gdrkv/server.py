@@ -108,7 +108,10 @@ class Server:
     ms per MiB, or that sends no frame for idle_timeout_ms (clients
     reconnect). max_connections tcp and as many local connections are
     served, at most max_connections_per_peer from one IP address; request
-    bodies over max_buffered in all wait for room.
+    bodies over max_buffered in all wait for room. What one peer's reads
+    hold pinned at a time (tcp GET values being sent, shm and rdma leases;
+    a peer is an IP address, or a local process) is at most peer_pin_share
+    of the pool: keys past it are answered E_BUSY (docs/protocol.md).
 
     Local clients reach the pool directly (the shm transport) through the
     unix socket at unix_path: None picks the default for the port

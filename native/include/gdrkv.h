@@ -22,7 +22,8 @@ enum gdrkv_error {
     GDRKV_E_PROTOCOL = -6,    /* malformed frame from the other side */
     GDRKV_E_INVALID = -7,     /* bad argument: key length, segment count, ... */
     GDRKV_E_TOO_LARGE = -8,   /* object or batch over a protocol limit */
-    GDRKV_E_BUSY = -9,        /* object is being written by another client */
+    GDRKV_E_BUSY = -9,        /* PUT: object is being written by another client;
+                                 read: the reader's pins are at peer_pin_share */
     GDRKV_E_UNSUPPORTED = -10,/* opcode or version the server does not know */
     GDRKV_E_INTERNAL = -11,   /* out of memory or a bug: see the log */
     GDRKV_E_CLOSED = -12,     /* client or server already closed */
@@ -68,6 +69,10 @@ typedef struct gdrkv_server_opts {
     uint32_t lease_timeout_ms;  /* an shm or rdma read lease (or an rdma write
                                    reservation) not ended by then is dropped,
                                    and its client told so */
+    double peer_pin_share;      /* most of the pool one peer (an IP address, a
+                                   local process) may hold pinned by its reads
+                                   (tcp GETs in flight, leases); keys past it
+                                   are answered GDRKV_E_BUSY */
     int rdma;                   /* -1 serve rdma clients when a device is there,
                                    0 never, 1 require (the start fails without) */
     const char *auth_token_file;/* serve only clients proving they hold this
@@ -284,6 +289,16 @@ int gdrkv_batch_exists(gdrkv_client *c, uint32_t n, const char *keys,
                        const uint32_t *key_lens, int64_t *results);
 int gdrkv_batch_delete(gdrkv_client *c, uint32_t n, const char *keys,
                        const uint32_t *key_lens, int64_t *results);
+/* Reads the object under one key, whatever its size, into memory the call
+ * allocates once the answer has told that size: one GET, so one round trip
+ * and one lookup (hit or miss) on the server. *result gets the bytes read
+ * or a negative gdrkv_error (NOT_FOUND, ...); on success *value points at
+ * them (free it with gdrkv_free), else it is NULL. Returns 0 when the call
+ * ran, as the batch calls do. The memory is the client's own, so over rdma
+ * the value comes on the socket. */
+int gdrkv_get_alloc(gdrkv_client *c, const char *key, uint32_t key_len, uint8_t **value,
+                    int64_t *result);
+void gdrkv_free(void *p);
 
 /* Removes every object of the client's namespace on every server; returns
  * the number removed or a negative error (first failing server). */

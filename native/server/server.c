@@ -166,6 +166,7 @@ static void server_free(struct gdrkv_server *s)
     server_peers_free(s->peers);
     server_gpu_pins_free(s->gpu_pins);
     server_strangers_free(s->strangers);
+    server_pins_free(s->pins);
     free(s);
 }
 
@@ -285,6 +286,17 @@ static int open_store(struct gdrkv_server *s, const gdrkv_server_opts *opts, cha
     return rc;
 }
 
+/* The pins each peer may hold: a share of the pool the store got. */
+static int open_pin_accounts(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
+                             size_t errlen)
+{
+    s->pins = server_pins_new((uint64_t)(opts->peer_pin_share * (double)store_capacity(s->store)));
+    if (s->pins)
+        return 0;
+    snprintf(err, errlen, "out of memory");
+    return GDRKV_E_INTERNAL;
+}
+
 static int start_rdma(struct gdrkv_server *s, const gdrkv_server_opts *opts, char *err,
                       size_t errlen)
 {
@@ -360,7 +372,7 @@ static int start_workers(struct gdrkv_server *s, const gdrkv_server_opts *opts, 
 }
 
 static server_stage *const start_stages[] = {
-    load_token, open_store, start_rdma, open_listeners, start_metrics, start_workers,
+    load_token, open_store, open_pin_accounts, start_rdma, open_listeners, start_metrics, start_workers,
 };
 
 static void log_started(struct gdrkv_server *s)

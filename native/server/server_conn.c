@@ -99,6 +99,7 @@ void server_conn_close(struct server_conn *c)
     /* QPs first: nothing may reach the pool once pins and reservations go. */
     server_rdma_conn_destroy(c);
     server_ops_release(c);
+    server_pins_leave(w->server->pins, c->pin_account);
     server_disk_release(c->disk_frame);
     server_staging_close(&c->staging);
     /* The stranger's slot first: past it nobody else shuts this fd down. */

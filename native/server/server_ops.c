@@ -46,29 +46,66 @@ static int op_exists(struct server_conn *c)
     return server_reply_results(c, c->req.count, b->status, b->sizes, 0);
 }
 
+/* Lets go of key i's pin, answering it status (with its size). */
+static void unpin_key(struct server_conn *c, uint32_t i, int32_t status)
+{
+    struct server_batch *b = &c->batch;
+    store_unpin_batch(store_of(c), &b->objs[i], 1);
+    b->objs[i] = NULL;
+    b->status[i] = status;
+}
+
+/* Charges the pins to the connection's peer, whose reads may hold at most
+ * peer_pin_share of the pool (server_pins.h): the keys past it are let go
+ * and answered BUSY. Returns the bytes of the keys that stay pinned (a key
+ * repeated counts each time: its bytes are sent, or leased, each time). */
+static uint64_t charge_peer(struct server_conn *c)
+{
+    struct gdrkv_server *srv = c->worker->server;
+    struct server_batch *b = &c->batch;
+    uint8_t fits[GK_MAX_KEYS];
+
+    if (!c->pin_account) {
+        struct server_pin_peer peer;
+        server_pin_peer_of(c->fd, c->local, &c->peer, &peer);
+        c->pin_account = server_pins_join(srv->pins, &peer);
+    }
+    uint64_t charged = c->pin_account
+                           ? server_pins_charge(srv->pins, c->pin_account, b->sizes,
+                                                (const void *const *)b->objs, c->req.count, fits)
+                           : 0;
+    c->pins_charged = charged;
+    uint64_t kept = 0, refused = 0;
+    for (uint32_t i = 0; i < c->req.count; i++) {
+        if (!b->objs[i])
+            continue;
+        if (c->pin_account && fits[i]) {
+            kept += b->sizes[i];
+        } else {
+            unpin_key(c, i, c->pin_account ? GDRKV_E_BUSY : GDRKV_E_INTERNAL);
+            refused++;
+        }
+    }
+    if (refused)
+        gk_counter_add(&c->worker->counters.pin_cap_refused_keys, refused);
+    return kept;
+}
+
 /* Pins the request's objects for reading (GET and LEASE); an object larger
  * than the client's destination is answered with its size only, and let go
- * at once. Returns the bytes of the objects that stay pinned. */
+ * at once, as are the objects past the peer's cap. Returns the bytes of the
+ * objects that stay pinned. */
 static uint64_t pin_for_read(struct server_conn *c)
 {
     struct store *s = store_of(c);
     struct server_batch *b = &c->batch;
-    uint64_t bytes = 0;
 
     store_pin_batch(s, &c->ns, b->entries, c->req.count, 1, b->objs, b->status, b->sizes);
     c->holds = CONN_HOLDS_PINS;
-    for (uint32_t i = 0; i < c->req.count; i++) {
-        if (!b->objs[i])
-            continue;
-        if (b->sizes[i] > b->entries[i].size) {
-            store_unpin_batch(s, &b->objs[i], 1);
-            b->objs[i] = NULL;
-            b->status[i] = GDRKV_E_TOO_SMALL;
-        } else {
-            bytes += b->sizes[i];
-        }
-    }
-    return bytes;
+    for (uint32_t i = 0; i < c->req.count; i++)
+        if (b->objs[i] && b->sizes[i] > b->entries[i].size)
+            unpin_key(c, i, GDRKV_E_TOO_SMALL);
+    return charge_peer(c);
 }
 
 /* The objects stay pinned until their bytes are written. */
@@ -620,6 +657,8 @@ void server_ops_release(struct server_conn *c)
         break;
     }
     c->holds = CONN_HOLDS_NOTHING;
+    server_pins_credit(c->pin_account, c->pins_charged);
+    c->pins_charged = 0;
 }
 
 int server_ops_frame_begin(struct server_conn *c, char *why, size_t len)

@@ -91,6 +91,10 @@ static const struct server_option options[] = {
     OPTION(lease_timeout_ms, lease_timeout_ms, int, 5000,
            "longest an shm or rdma client may hold the objects it reads or the room it "
            "writes into"),
+    OPTION(peer_pin_share, peer_pin_share, ratio, 0.25,
+           "most of the pool one peer (an IP address; a local process) may hold pinned by "
+           "its reads at a time (tcp GET values being sent, shm and rdma leases): keys past "
+           "it are answered BUSY, so no reader can keep the writers out of the pool"),
     OPTION(shm_staging, shm_staging_bytes, size, 64ull << 20,
            "staging memfd of each local connection: shm PUT values go there and the server "
            "copies them into the pool (0 sends them on the socket)"),
@@ -252,6 +256,8 @@ static const char *range_fault(const gdrkv_server_opts *o, struct gk_addr *liste
         return "max_buffered_bytes must be at least 8MiB (one largest request body)";
     if (o->lease_timeout_ms == 0)
         return "lease_timeout_ms must be > 0";
+    if (!(o->peer_pin_share > 0 && o->peer_pin_share <= 1))
+        return "peer_pin_share needs 0 < share <= 1";
     if (o->rdma < -1 || o->rdma > 1)
         return "rdma must be -1, 0 or 1";
     if (o->shm_staging_bytes > GK_MAX_OBJECT * 4ull)

@@ -36,6 +36,7 @@
 #include "server_payload.h"
 #include "server_peers.h"
 #include "server_gpu_pins.h"
+#include "server_pins.h"
 #include "server_staging.h"
 #include "server_strangers.h"
 
@@ -77,6 +78,8 @@ struct store;
       "PUTs that waited for the disk tier to make room (disk_full_policy throttle)")          \
     X(get_pins_expired, get_pins_expired,                                                       \
       "tcp GETs whose reader was too slow: closed, pins dropped")                               \
+    X(pin_cap_refused_keys, pin_cap_refused_keys,                                               \
+      "GET and LEASE keys answered BUSY: their peer had peer_pin_share of the pool pinned")     \
     X(bytes_in, received_bytes, "PUT payload bytes received")                                   \
     X(bytes_out, sent_bytes, "GET payload bytes sent")                                          \
     X(frames_bad, frames_bad, "malformed or rejected frames")                                   \
@@ -169,6 +172,7 @@ struct gdrkv_server {
     struct server_peers *peers;     /* tcp connections per peer address */
     struct server_gpu_pins *gpu_pins;   /* what local client processes pin of the pool for GPU copies */
     struct server_strangers *strangers; /* tcp connections before AUTH (with a token) */
+    struct server_pins *pins;       /* bytes each peer's reads hold pinned */
     uint64_t buffered_bytes;        /* request body buffers held by all connections (atomic) */
     struct {                        /* what the cluster registration reports (atomic each;
                                        gdrkv_server_set_cluster) */
@@ -286,6 +290,8 @@ struct server_conn {
     int local;                      /* on the unix socket: shm allowed */
     struct server_peer peer;        /* tcp: whose per-peer slot it holds */
     pid_t pid;                      /* local: the peer process (server_gpu_pins.h) */
+    struct server_pin_account *pin_account; /* its peer's pins, from its first read on */
+    uint64_t pins_charged;          /* bytes of the pins it holds, charged there */
     int close_after_write;          /* the stream can't be trusted past this frame */
     int frame_executed;             /* counts in the per-op stats once written */
     int runnable;                   /* stopped at the step bound with work left */

@@ -11,7 +11,9 @@
  *   36  u32  npieces
  *   40  u16  ns_len
  *   42  u16  key_len
- *   44  u32  0
+ *   44  u32  value checksum: gk_checksum64 of the value's bytes, chunk after
+ *            chunk, folded to 32 bits; written (with the head's checksum
+ *            again) just before the commit word
  *   48  u64  offsets of pieces 1..npieces-1, then ns bytes, key bytes, zeros
  *
  * Piece header: u64 magic "gdkvpiec", u64 checksum of bytes [16, 32) seeded
@@ -163,6 +165,18 @@ void persist_uncommit(uint8_t *pool, uint64_t head_off)
 }
 
 void persist_forget(uint8_t *pool, uint64_t head_off) { gk_store64(pool + head_off, 0); }
+
+void persist_seal_value(uint8_t *pool, uint64_t head_off, uint32_t sum)
+{
+    uint8_t *p = pool + head_off;
+    gk_store32(p + 44, sum);
+    gk_store64(p + 16, head_checksum(p, gk_load32(p + 32), head_off));
+}
+
+uint32_t persist_value_sum(const uint8_t *pool, uint64_t head_off)
+{
+    return gk_load32(pool + head_off + 44);
+}
 
 int persist_is_head(const uint8_t *pool, uint64_t off)
 {

@@ -10,7 +10,8 @@
  *
  * Every piece of an object starts with a header the server writes before
  * the client may write a byte of the value: piece 0 with the object's head
- * (key, namespace, size, the other pieces' offsets, a checksum), the others
+ * (key, namespace, size, the other pieces' offsets, the value's checksum, a
+ * checksum of the head), the others
  * with a short piece header naming their head. The head's commit word is
  * the one thing COMMIT writes: 0 while the value is being written or once
  * the object is deleted or evicted, (seq << 1) | 1 while it is readable.
@@ -35,7 +36,7 @@
 
 #include "alloc.h"
 
-#define PERSIST_VERSION 1
+#define PERSIST_VERSION 2           /* 2: heads carry the value's checksum */
 #define PERSIST_ALIGN 64u            /* headers are padded to this: values stay 64-byte aligned */
 #define PERSIST_PIECE_HDR 64u
 #define PERSIST_SUPER_BYTES 4096u
@@ -74,6 +75,13 @@ struct persist_head {
 uint8_t *persist_head_offsets(uint8_t *pool, uint64_t off);
 void persist_write_head(uint8_t *pool, uint64_t off, const struct persist_head *h);
 void persist_write_piece(uint8_t *pool, uint64_t off, uint64_t head_off, uint32_t index);
+
+/* The value's checksum, in the head of a reserved object whose value is
+ * complete (before persist_commit), and as a restart reads it back: a
+ * restored object is served only once its bytes match (store.c,
+ * "Restored values"). */
+void persist_seal_value(uint8_t *pool, uint64_t head_off, uint32_t sum);
+uint32_t persist_value_sum(const uint8_t *pool, uint64_t head_off);
 
 /* The commit word: readable from now on, or never again. */
 void persist_commit(uint8_t *pool, uint64_t head_off, uint64_t seq);

@@ -32,6 +32,7 @@
 #include "common/common.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "gdrkv.h"
 #include "persist.h"
 
 #define REATTACH_THREADS 16
@@ -429,6 +430,7 @@ static void *make_run(void *arg)
             break;
         }
         o->state = OBJ_COMMITTED;
+        o->unverified = 1;
         dlink_push_head(&j->lru, &o->lru);
         dlink_push_head(&run->objs, &o->ns_link);
         run->objects++;
@@ -512,6 +514,7 @@ static void splice_runs(struct rebuild *r, struct rebuild_job *jobs)
         s->st.object_bytes += j->bytes;
         s->st.restored_objects += j->made;
     }
+    s->restored_unverified = s->st.restored_objects > 0;
     /* A namespace whose every object was dropped goes: namespaces live
      * exactly as long as they have objects. */
     for (struct dlink *l = s->ns_list.next, *next; l != &s->ns_list; l = next) {
@@ -642,4 +645,48 @@ int store_attach_pool_file(struct store *s, const char *path, char *err, size_t 
         return -1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ restored values */
+
+/* Restored values. A restart trusts a pool file's heads (their own
+ * checksums), not its value bytes: whoever can write the file while no
+ * server runs can change them. So a restored object is served only once
+ * its value matches the checksum its head was sealed with at COMMIT, on
+ * its first read, by the reader's thread, outside the lock (it is pinned):
+ * the restart costs nothing more, and each restored object one checksum
+ * pass, once. One that does not match is dropped, and its read is a miss. */
+int store_drop_if_changed(struct store *s, struct store_obj *o, int reading)
+{
+    if (store_value_sum(s, o) == persist_value_sum(s->pool.base, store_obj_head_off(o))) {
+        __atomic_store_n(&o->unverified, 0, __ATOMIC_RELAXED);
+        return 0;
+    }
+    store_lock(s);
+    if (o->state == OBJ_COMMITTED) {    /* not dropped by another reader meanwhile */
+        GK_WARN("a restored object's value (%llu bytes) does not match its checksum: dropped",
+                (unsigned long long)o->size);
+        s->st.restore_bad_values++;
+        do_obj_unlink_dropping_ns(s, o);
+    }
+    do_obj_unpin(s, o);
+    if (reading) {
+        s->st.hits--;
+        s->st.misses++;
+    }
+    store_unlock(s);
+    return 1;
+}
+
+void store_verify_restored(struct store *s, struct store_obj **objs, uint32_t n,
+                           int32_t *status, uint64_t *sizes)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (objs[i] && __atomic_load_n(&objs[i]->unverified, __ATOMIC_RELAXED) &&
+            store_drop_if_changed(s, objs[i], 1)) {
+            objs[i] = NULL;
+            status[i] = GDRKV_E_NOT_FOUND;
+            sizes[i] = 0;
+        }
+    }
 }

@@ -177,11 +177,22 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
     o->head_len = head_len;
     o->on_disk = 0;
     o->disk_retry_ns = 0;
+    o->unverified = 0;
     o->state = OBJ_RESERVED;
     return o;
 }
 
 uint64_t store_obj_head_off(const struct store_obj *o) { return o->chunks[0].off - o->head_len; }
+
+uint32_t store_value_sum(const struct store *s, const struct store_obj *o)
+{
+    uint32_t n;
+    const struct store_chunk *c = store_obj_chunks(o, &n);
+    uint64_t h = o->size;
+    for (uint32_t k = 0; k < n; k++)
+        h = gk_checksum64(s->pool.base + c[k].off, c[k].len, h);
+    return (uint32_t)(h ^ (h >> 32));
+}
 
 static void obj_free(struct store *s, struct store_obj *o)
 {
@@ -424,6 +435,8 @@ void store_pin_batch(struct store *s, const struct gk_ns *ns, const struct gk_en
     __atomic_add_fetch(&s->st.hits, hits, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->st.misses, n - hits, __ATOMIC_RELAXED);
     store_unlock(s);
+    if (s->restored_unverified)
+        store_verify_restored(s, objs, n, status, sizes);
 }
 
 void store_unpin_batch(struct store *s, struct store_obj **objs, uint32_t n)
@@ -450,6 +463,7 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
                         uint32_t n, int32_t *status, uint64_t *sizes)
 {
     struct lookups l;
+    uint32_t found = 0;
     lookups_begin(s, &l, ns, e, n, LOOKUP_SHARED);
     for (uint32_t i = 0; i < n; i++) {
         struct store_obj *o;
@@ -458,7 +472,12 @@ void store_exists_batch(struct store *s, const struct gk_ns *ns, const struct gk
         if (status[i] == GDRKV_E_NOT_FOUND && s->disk && store_ns_name_ok(ns) &&
             disk_contains(s->disk, store_ns_bytes(ns), ns->len, e[i].key, e[i].key_len, &sizes[i]))
             status[i] = 0;
+        found += status[i] == 0;
     }
+    /* Apart from hits and misses: an engine asks, then reads what it was
+     * told is there, and one page would count twice. */
+    __atomic_add_fetch(&s->st.exists_hits, found, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->st.exists_misses, n - found, __ATOMIC_RELAXED);
     store_unlock(s);
 }
 
@@ -623,6 +642,12 @@ void store_set_room_hook(struct store *s, void (*fn)(void *arg), void *arg)
 
 void store_commit_batch(struct store *s, struct store_obj **objs, uint32_t n)
 {
+    /* A pool file's heads get their values' checksums, read outside the
+     * lock: the objects are still this caller's reservations. */
+    for (uint32_t i = 0; s->piece_hdr && i < n; i++)
+        if (objs[i])
+            persist_seal_value(s->pool.base, store_obj_head_off(objs[i]),
+                               store_value_sum(s, objs[i]));
     store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (!objs[i])

@@ -63,6 +63,8 @@ struct store_chunk {
     X(pinned_objects, GAUGE, "objects with at least one pin")                        \
     X(hits, COUNTER, "keys looked up for reading and found")                         \
     X(misses, COUNTER, "keys looked up for reading and not found")                   \
+    X(exists_hits, COUNTER, "keys asked about (EXISTS) and found")                   \
+    X(exists_misses, COUNTER, "keys asked about (EXISTS) and not found")             \
     X(puts, COUNTER, "committed puts")                                               \
     X(put_dedup, COUNTER, "puts of keys already present")                            \
     X(put_no_space, COUNTER, "reservations refused for lack of space")               \
@@ -74,6 +76,8 @@ struct store_chunk {
     X(pool_file, GAUGE, "whether the pool is a file that outlives the server (0 or 1)") \
     X(restored_objects, GAUGE, "objects re-attached from the pool file at start")    \
     X(restore_dropped, GAUGE, "heads in the pool file not served: uncommitted or torn") \
+    X(restore_bad_values, COUNTER, "restored objects whose value failed its checksum on " \
+      "their first read: dropped, a miss")                                           \
     X(demotions, COUNTER, "objects evicted from memory with a copy on disk")         \
     X(demoted_bytes, COUNTER, "bytes of the objects demoted")                        \
     X(promotions, COUNTER, "objects read back from disk into memory for a reader")  \

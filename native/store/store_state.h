@@ -93,6 +93,9 @@ struct store_obj {
     uint32_t head_len;          /* header bytes before chunks[0] (a pool file's) */
     int on_disk;                /* the disk tier holds a copy: evicting it loses nothing */
     uint64_t disk_retry_ns;     /* its write failed: the demoter leaves it until then */
+    int unverified;             /* restored from a pool file and not read yet: its value
+                                   is checked against its head's checksum first (atomic;
+                                   store.c, "Restored values") */
     enum obj_state state;
     struct store_chunk chunks[]; /* value bytes, after the headers; then the key bytes */
 };
@@ -122,6 +125,7 @@ struct store {
     uint64_t high_bytes, low_bytes;
     int draining;               /* above high, not yet back to low */
     uint32_t piece_hdr;         /* header bytes before chunks[1..]: 0 without a pool file */
+    int restored_unverified;    /* the restart found objects: reads check them first */
     uint64_t commit_seq;        /* a pool file's last commit */
     struct store_stats st;      /* pool_* and hugepages filled in on read */
     struct disk_tier *disk;     /* NULL without a disk tier */
@@ -221,6 +225,17 @@ struct store_obj *store_obj_new(struct store *s, struct store_ns *ns, const stru
                                 uint32_t nchunks, uint32_t head_len, uint64_t key_hash,
                                 struct store_obj *mem);
 uint64_t store_obj_head_off(const struct store_obj *o);
+/* The checksum of o's value bytes a pool file's head keeps (persist.h). */
+uint32_t store_value_sum(const struct store *s, const struct store_obj *o);
+/* A read's pinned objects restored from a pool file and not checked yet
+ * are checked now (reattach.c, "Restored values"); one whose value
+ * changed is let go, dropped and answered NOT_FOUND. */
+void store_verify_restored(struct store *s, struct store_obj **objs, uint32_t n,
+                           int32_t *status, uint64_t *sizes);
+/* The same for one pinned unverified object, without the lock: 0 when its
+ * value matched (it is checked from now on), else 1 once it is dropped and
+ * its pin let go; reading: the check is a read's, whose hit becomes a miss. */
+int store_drop_if_changed(struct store *s, struct store_obj *o, int reading);
 
 /* The hot path's steps that promotion and demotion (tiering.c) take too:
  * the caller holds the lock alone. */

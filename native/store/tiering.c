@@ -157,6 +157,28 @@ static uint32_t obj_iov(const struct store *s, const struct store_obj *o, struct
     return n;
 }
 
+/* A restored value not checked yet (reattach.c, "Restored values") is
+ * checked before it goes to disk, whose record would vouch for it: one
+ * that changed is dropped and leaves the batch, whose last object takes
+ * its place. Without the lock; the batch is described. */
+static void check_restored(struct store *s, struct demotion *b)
+{
+    for (uint32_t i = 0; i < b->n;) {
+        struct store_obj *o = b->objs[i];
+        if (!__atomic_load_n(&o->unverified, __ATOMIC_RELAXED) ||
+            !store_drop_if_changed(s, o, 0)) {
+            i++;
+            continue;
+        }
+        uint32_t last = --b->n;
+        b->objs[i] = b->objs[last];
+        b->ns_len[i] = b->ns_len[last];
+        memcpy(b->ns[i], b->ns[last], b->ns_len[last]);
+        b->items[i] = b->items[last];
+        b->items[i].ns = b->ns[i];
+    }
+}
+
 /* The batch's disk items, pointing at the objects' chunks in the pool. */
 static int describe(struct store *s, struct demotion *b)
 {
@@ -269,6 +291,8 @@ void *store_demoter_main(void *arg)
         }
         int described = describe(s, b) == 0;
         store_unlock(s);
+        if (described && s->restored_unverified)
+            check_restored(s, b);
         if (described)
             disk_put_batch(s->disk, b->items, b->n, b->status);
         else
@@ -440,6 +464,9 @@ static int promote_finish(struct store *s, const struct gk_ns *ns, const struct 
     uint64_t size;
     disk_release(s->disk, &p->loc);
     free(p->iov);
+    /* Its value came back whole (the disk record's checksum held). */
+    if (rc == 0 && s->piece_hdr)
+        persist_seal_value(s->pool.base, store_obj_head_off(o), store_value_sum(s, o));
     store_lock(s);
     /* Deleted from disk while it was read: it stays deleted. */
     if (rc == 0 && disk_contains(s->disk, store_ns_bytes(ns), ns->len, e->key, e->key_len, &size)) {

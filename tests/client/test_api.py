@@ -47,6 +47,12 @@ def test_server_bad_memory(memory):
         gdrkv.Server(memory=memory, pretouch=False)
 
 
+@pytest.mark.parametrize("share", [0.0, -0.25, 1.5])
+def test_server_bad_peer_pin_share(share):
+    with pytest.raises(ValueError, match="peer_pin_share"):
+        gdrkv.Server(memory="16MiB", pretouch=False, peer_pin_share=share)
+
+
 @pytest.mark.parametrize("low, high", [(0.0, 0.9), (0.95, 0.9), (0.5, 1.5)])
 def test_server_bad_watermarks(low, high):
     with pytest.raises(ValueError, match="watermark"):

@@ -542,7 +542,10 @@ def test_a_call_of_more_frames_than_planning_notes(server_factory, make_client):
     replays them (client_call.c); a call of more frames is planned again.
     80 values of 1 MiB through 1 MiB of staging are 80 frames, each
     byte-exact (once a connection has told the client the staging size)."""
-    server = server_factory(memory="256MiB", args=["--shm-staging", "1MiB"])
+    # Its check reads the 80 MiB back in one call: over the default share
+    # of pins one peer may hold (docs/protocol.md, "Pins per peer").
+    server = server_factory(memory="256MiB",
+                            args=["--shm-staging", "1MiB", "--peer-pin-share", "1"])
     client = shm_client(make_client, server, conns=1)
     assert client.batch_exists(["map-the-pool"]) == [False]
     before = stat(server.stats(), "ops_put_staged")

@@ -137,6 +137,33 @@ def test_gpu_to_host_and_gpu_to_gpu(torch, server, make_client, transport, size)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_gpu_gets_count_hits_and_misses(torch, server, make_client, transport):
+    """A batch_get into GPU memory of 6 keys, 2 missing: 4 hits and 2
+    misses on the server (its GET or LEASE lookups) and in the client; the
+    missing keys' pages are left as they were. (Host destinations:
+    tests/client/test_read_counters.py.)"""
+    client = client_for(make_client, server, transport)
+    size = 64 << 10
+    keys = [f"counted-{unique()}-{i}" for i in range(4)]
+    values = [content(k, size) for k in keys]
+    assert batch_put_bytes(client, keys, values) == [0] * 4
+    asked = [keys[0], "missing-a", *keys[1:3], "missing-b", keys[3]]
+    dest = gpu_buffer(torch, 2 * len(asked) * size, fill=0x5A)
+    client.register(dest)
+    ptrs = scattered(dest.data_ptr(), size, len(asked), seed=3)
+    before_s, before_c = server.stats(), client.stats()["client"]
+    results = client.batch_get(asked, ptrs, [size] * len(asked))
+    after_s, after_c = server.stats(), client.stats()["client"]
+    assert results == [size, E_NOT_FOUND, size, size, E_NOT_FOUND, size]
+    got = read_gpu(torch, dest, ptrs, size)
+    assert [got[i] for i in (0, 2, 3, 5)] == values
+    assert got[1] == got[4] == b"\x5a" * size
+    for name, want in (("hits", 4), ("misses", 2)):
+        assert stat(after_s, name) - stat(before_s, name) == want, name
+        assert stat(after_c, name) - stat(before_c, name) == want, name
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_mixed_host_and_gpu_batch(torch, server, make_client, transport):
     """Host and GPU destinations in one batch, and objects split between a
     host segment and a GPU segment; odd sizes and offsets (unaligned)."""

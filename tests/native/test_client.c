@@ -346,6 +346,46 @@ static void test_round_trip(gdrkv_client *c)
     free(b);
 }
 
+/* gdrkv_get_alloc: objects of any size, the empty one and a miss, each one
+ * GET call whose memory is the caller's to free (ASan: none leaks). */
+static void test_get_alloc(gdrkv_client *c)
+{
+    static const uint64_t sizes[] = {0, 1, 4096, 3u << 20};
+    struct batch *b = batch_new();
+    uint8_t *src[GK_ARRAY_LEN(sizes)];
+
+    for (uint32_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
+        src[i] = malloc(sizes[i] + 1);
+        CHECK(src[i], "malloc");
+        fill(src[i], sizes[i], i + 17);
+        batch_key(b, "alloc/%llu", i);
+        batch_seg(b, src[i], sizes[i]);
+    }
+    CHECK_EQ(put(c, b), 0);
+    int64_t gets = client_stat(c, "calls_get"), misses = client_stat(c, "misses");
+    for (uint32_t i = 0; i < GK_ARRAY_LEN(sizes); i++) {
+        char key[32];
+        uint8_t *value = (uint8_t *)"untouched";
+        int64_t result = 0;
+        int len = snprintf(key, sizeof key, "alloc/%u", i);
+        CHECK_EQ(gdrkv_get_alloc(c, key, (uint32_t)len, &value, &result), 0);
+        CHECK_EQ(result, (int64_t)sizes[i]);
+        CHECK(value && !memcmp(value, src[i], sizes[i]), "object %u byte-exact", i);
+        gdrkv_free(value);
+        free(src[i]);
+    }
+    uint8_t *value = (uint8_t *)"untouched";
+    int64_t result = 0;
+    CHECK_EQ(gdrkv_get_alloc(c, "alloc/none", 10, &value, &result), 0);
+    CHECK_EQ(result, GDRKV_E_NOT_FOUND);
+    CHECK(value == NULL, "a miss gives no memory");
+    CHECK_EQ(gdrkv_get_alloc(c, "", 0, &value, &result), 0);
+    CHECK_EQ(result, GDRKV_E_INVALID);
+    CHECK_EQ(client_stat(c, "calls_get") - gets, (int64_t)GK_ARRAY_LEN(sizes) + 2);
+    CHECK_EQ(client_stat(c, "misses") - misses, 1);
+    free(b);
+}
+
 /* Large values are striped over several connections (counted on a
  * client of its own, whose pool starts empty). */
 static void test_striping(gdrkv_client *shared)
@@ -599,6 +639,7 @@ static void test_one_server(int transport)
 
     printf("-- over %s\n", transport == GDRKV_TRANSPORT_SHM ? "shm" : "tcp");
     RUN_WITH(test_round_trip, c);
+    RUN_WITH(test_get_alloc, c);
     RUN_WITH(test_striping, c);
     RUN_WITH(test_many_keys, c);
     RUN_WITH(test_long_keys, c);
@@ -833,6 +874,19 @@ static void test_half_header(void)
 static void test_close_mid_payload(void)
 {
     expect_failure(FAKE_CLOSE_MID_PAYLOAD, GDRKV_E_UNAVAILABLE, 0);
+
+    /* A get_alloc whose answer said the size (the fake: the largest
+     * object), then stopped: the memory it took goes again. */
+    struct fake f;
+    fake_start(&f, FAKE_CLOSE_MID_PAYLOAD);
+    gdrkv_client *c = open_client(f.addr, TIMEOUT_MS);
+    uint8_t *value = (uint8_t *)"untouched";
+    int64_t result = 0;
+    CHECK_EQ(gdrkv_get_alloc(c, "fake/0", 6, &value, &result), 0);
+    CHECK_EQ(result, GDRKV_E_UNAVAILABLE);
+    CHECK(value == NULL, "a failed get gives no memory");
+    gdrkv_client_close(c);
+    fake_stop(&f);
 }
 
 static void test_garbage(void)

@@ -82,6 +82,86 @@ def test_acknowledged_objects_survive_a_restart(server_factory, make_client, poo
     assert writer.batch_exists(["after", keys[0], keys[1]]) == [True, False, True]
 
 
+def flip_byte_of(pool_file, value, where):
+    """Changes one byte of value where it lies in the (stopped server's)
+    pool file: the byte at where, found by the 64 bytes around it."""
+    at = max(0, min(where - 32, len(value) - 64))
+    with open(pool_file, "r+b") as f, mmap.mmap(f.fileno(), 0) as pool:
+        found = pool.find(value[at:at + 64])
+        assert found >= 0 and pool.find(value[at:at + 64], found + 1) < 0
+        pool[found + where - at] ^= 0x01
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_value_changed_while_the_server_was_down_is_a_miss(server_factory, make_client,
+                                                             pool_file, stop):
+    """The defect (#39, finding 10): a value byte flipped in the pool file
+    while no server ran was served after the restart. Each value's head
+    now keeps its checksum, checked on the object's first read: a changed
+    value is dropped and read as a miss, over every transport and by get();
+    the others read byte-exact."""
+    server = start(server_factory, pool_file)
+    ns = unique("flip")
+    writer = make_client(server.url, namespace=ns, transport="tcp")
+    keys = [f"page-{i}" for i in range(len(SIZES))]
+    values = [content(k, n) for k, n in zip(keys, SIZES)]
+    assert batch_put_bytes(writer, keys, values) == [0] * len(keys)
+    writer.close()
+    server.stop() if stop == "sigterm" else server.kill()
+    changed = {1: 50, 3: 40000, 6: len(values[6]) - 5}     # the last in a later chunk
+    for i, where in changed.items():
+        flip_byte_of(pool_file, values[i], where)
+    server.restart()
+    assert server.stats()["restored_objects"] == len(keys)
+
+    kept = [i not in changed for i in range(len(keys))]
+    readers = [make_client(server.url, namespace=ns, transport=t) for t in ("shm", "tcp")]
+    assert read_all(readers[0], keys[:4], SIZES[:4]) == kept[:4]
+    assert read_all(readers[1], keys[4:], SIZES[4:]) == kept[4:]
+    assert [readers[1].get(k) for k in keys] == [v if ok else None for v, ok in zip(values, kept)]
+    stats = server.stats()
+    assert stats["restore_bad_values"] == len(changed)
+    assert readers[0].batch_exists(keys) == kept
+
+
+def test_a_changed_value_never_reaches_the_disk_tier(server_factory, make_client, pool_file,
+                                                     tmp_path):
+    """With a disk tier under the pool, the demoter writes restored objects
+    to disk as the pool fills: one whose value changed while the server was
+    down must be checked first, or its disk record would serve the changed
+    bytes as good ones. Every key reads byte-exact or misses, never wrong."""
+    MiB = 1 << 20
+    server = start(server_factory, pool_file, "--disk", str(tmp_path), "--disk-size", "512MiB",
+                   memory="64MiB")
+    ns = unique("demoted")
+    writer = make_client(server.url, namespace=ns, transport="tcp")
+    keys = [f"r-{i}" for i in range(24)]
+    values = [content(k, MiB) for k in keys]
+    for i in range(0, len(keys), 4):
+        assert batch_put_bytes(writer, keys[i:i + 4], values[i:i + 4]) == [0] * 4
+    writer.close()
+    server.kill()
+    for i in range(len(keys)):
+        flip_byte_of(pool_file, values[i], 1000 + i)
+    server.restart()
+    assert server.stats()["restored_objects"] == len(keys)
+
+    # Fill the pool well past its size: the demoter takes the restored
+    # objects from the cold end.
+    flood = make_client(server.url, namespace=unique("flood"), transport="tcp")
+    for i in range(0, 96, 2):
+        part = [f"f-{i}", f"f-{i + 1}"]
+        assert batch_put_bytes(flood, part, [content(k, MiB) for k in part]) == [0, 0]
+        wait_for(lambda: (lambda s: s["pool_used_bytes"] <= 0.95 * s["pool_bytes"])(
+            server.stats()), 30, "the demoter to keep up")
+    assert server.stats()["demotions"] > 0
+    reader = make_client(server.url, namespace=ns, transport="tcp", timeout_ms=30000)
+    for key in keys:
+        results, got = batch_get_bytes(reader, [key], [MiB])
+        check_read(key, MiB, results[0], got[0])    # a miss, or exactly its bytes
+    assert server.stats()["restore_bad_values"] > 0
+
+
 # A child that writes batches of 16 objects of 1 MiB (every value made
 # beforehand), 10 ms apart so that it can't finish before the parent stops
 # the server, and appends "start N" before batch N and "acked N" once it

@@ -4,6 +4,7 @@ local clients, the idle timeout, request deadlines that grow with size, a
 global cap on buffered request bodies, the age limit of a tcp GET's pins,
 and the cap on one GET frame's destination bytes. Each test reproduces the
 defect's attack and fails on a server without the limit."""
+import os
 import socket
 import struct
 import threading
@@ -275,3 +276,113 @@ def test_one_get_frame_pins_at_most_1gib(server_factory, make_client):
     assert [dest[i * 4096:(i + 1) * 4096].tobytes() for i in range(3)] == \
         [content(k, 4096) for k in keys]
     assert client.stats()["client"]["bytes_received"] - before["bytes_received"] >= 3 * 4096
+
+
+# ---------------------------------------------------------------- pins per peer
+
+PIN_POOL = "128MiB"
+PIN_SHARE = 0.25                # the default of --peer-pin-share
+PIN_OBJECTS = 140               # 1 MiB each: more than the pool holds
+
+
+def fill_for_readers(server, make_client, ns):
+    """A writer of ns that has filled the pool with 1 MiB objects; (writer,
+    the keys the pool kept)."""
+    writer = make_client(server.url, transport="tcp", namespace=ns)
+    keys = [f"read-{i}" for i in range(PIN_OBJECTS)]
+    for first in range(0, PIN_OBJECTS, 10):
+        part = keys[first:first + 10]
+        assert batch_put_bytes(writer, part, [content(k, MiB) for k in part]) == [0] * 10
+    return writer, [k for k, kept in zip(keys, writer.batch_exists(keys)) if kept]
+
+
+def pinned_keys(results):
+    """How many keys of a GET or LEASE answer were pinned, and how many
+    were refused BUSY (the pool may still have been evicting the oldest
+    down to its low watermark: those are not found)."""
+    statuses = [status for status, _ in results]
+    assert set(statuses) <= {0, errors.E_BUSY, errors.E_NOT_FOUND}, statuses
+    return statuses.count(0), statuses.count(errors.E_BUSY)
+
+
+def write_40(writer, prefix):
+    """40 PUTs of 1 MiB in two calls, as an engine's offload batches them:
+    each call needs 20 MiB of room, more than the pool keeps free below
+    its low watermark, so it must evict."""
+    keys = [f"{prefix}-{i}" for i in range(40)]
+    return [r for first in (0, 20)
+            for r in batch_put_bytes(writer, keys[first:first + 20],
+                                     [content(k, MiB) for k in keys[first:first + 20]])]
+
+
+def test_one_unread_get_cannot_keep_writers_out(server_factory, make_client):
+    """The defect (#39, finding 7): one tcp GET of the whole pool, never
+    read, pinned it all until lease_timeout_ms (5 s), and 40 of 40 PUTs
+    failed NO_SPACE meanwhile. A peer's pins are now capped at
+    peer_pin_share of the pool: the keys past it are answered BUSY, the
+    rest is evictable and every PUT succeeds."""
+    server = server_factory(PIN_POOL)
+    writer, keys = fill_for_readers(server, make_client, "pins")
+    with wire.connect(server.address, timeout=10, rcvbuf=4096) as reader:
+        reader.send(wire.request(wire.OP_GET, [(k.encode(), MiB) for k in keys], ns=b"pins"))
+        wait_for(lambda: stat(server.stats(), "pinned_objects") > 0, 5, "the GET to pin")
+        assert write_40(writer, "during") == [0] * 40
+        assert stat(server.stats(), "pinned_objects") > 0, "the reader's pins were dropped"
+        hdr = reader.read_header()
+        served, refused = pinned_keys(wire.decode_results(reader.recv_exact(hdr.body_len)))
+    cap = int(PIN_SHARE * stat(server.stats(), "pool_bytes"))
+    assert 0 < served * MiB <= cap and refused > 0
+    assert hdr.payload_len == served * MiB
+    assert stat(server.stats(), "pin_cap_refused_keys") == refused
+
+
+def test_one_peer_shares_its_cap_over_its_connections(server_factory, make_client):
+    """Two connections of one address hold one cap between them: the
+    second's GET gets what the first left, and BUSY for the rest; another
+    address has a cap of its own. Once the pins go, the peer reads again."""
+    server = server_factory(PIN_POOL)
+    _, keys = fill_for_readers(server, make_client, "share")
+    cap_keys = int(PIN_SHARE * stat(server.stats(), "pool_bytes")) // MiB
+    newest = keys[-(cap_keys + 8):]         # the least recently used go first
+    first, second = newest[:cap_keys - 8], newest[cap_keys - 8:]
+    peer = [connect_from(server, "127.0.0.1") for _ in range(2)]
+    other = connect_from(server, "127.0.0.2")
+    try:
+        for conn in (*peer, other):
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        answers = []
+        for conn, part in ((peer[0], first), (peer[1], second), (other, second)):
+            conn.send(wire.request(wire.OP_GET, [(k.encode(), MiB) for k in part], ns=b"share"))
+            hdr = conn.read_header()
+            answers.append(pinned_keys(wire.decode_results(conn.recv_exact(hdr.body_len))))
+        assert answers == [(len(first), 0), (8, 8), (len(second), 0)]
+    finally:
+        for conn in (*peer, other):
+            conn.close()
+    wait_for(lambda: stat(server.stats(), "pinned_objects") == 0, 10, "the pins to go")
+    reader = make_client(server.url, transport="tcp", namespace="share")
+    dest = np.zeros(len(second) * MiB, np.uint8)
+    base, _ = reader.register(dest)
+    assert reader.batch_get(second, [base + i * MiB for i in range(len(second))],
+                            [MiB] * len(second)) == [MiB] * len(second)
+
+
+def test_an_unreleased_shm_lease_is_capped_too(server_factory, make_client):
+    """A local client that LEASEs the pool and never RELEASEs: pinned up
+    to its cap, the rest BUSY, and writers keep writing."""
+    server = server_factory(PIN_POOL)
+    writer, keys = fill_for_readers(server, make_client, "lease")
+    with wire.connect_unix(server.unix_path, timeout=10) as conn:
+        hdr, _, pool_fd = wire.hello(conn)
+        assert hdr.status == 0 and pool_fd is not None
+        os.close(pool_fd)
+        conn.send(wire.request(wire.OP_LEASE, [(k.encode(), MiB) for k in keys], ns=b"lease",
+                               req_id=2))
+        hdr, body, _ = conn.read_frame()
+        assert hdr.status == 0
+        served, refused = pinned_keys([(status, size) for status, size, _ in
+                                       wire.decode_lease(body, len(keys))])
+        assert write_40(writer, "leased") == [0] * 40
+        assert stat(server.stats(), "pinned_objects") == served, "the lease was dropped"
+    cap = int(PIN_SHARE * stat(server.stats(), "pool_bytes"))
+    assert 0 < served * MiB <= cap and refused > 0

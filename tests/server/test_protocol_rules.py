@@ -62,7 +62,8 @@ def test_header_over_a_limit_is_too_large_with_a_message_then_closed(server_fact
 def test_lease_over_the_body_limit_is_too_large_and_pins_nothing(server_factory, make_client):
     """8192 leases of one 72-chunk object need 8192 x (16 + 8 + 72 x 16)
     bytes of answer, more than the 8 MiB body limit."""
-    server = server_factory(memory="160MiB")
+    # Leases of most of the pool: one peer may pin all of it here.
+    server = server_factory(memory="160MiB", args=["--peer-pin-share", "1"])
     ns = unique("big")
     put(server, make_client, ["big"], 72 * MiB, ns)
     with wire.connect_unix(server.unix_path) as conn:
@@ -82,7 +83,8 @@ def test_lease_timeout_grows_one_ms_per_mib_leased(server_factory, make_client):
     is 100 ms: a tiny one, and one of 1000 x 72 MiB (the same object leased
     1000 times), whose timeout is 72 s longer. The tiny one expires; the
     big one, taken first, still holds well after that."""
-    server = server_factory(memory="160MiB", args=["--lease-timeout-ms", "100"])
+    server = server_factory(memory="160MiB", args=["--lease-timeout-ms", "100",
+                                                   "--peer-pin-share", "1"])
     ns = unique("grow")
     put(server, make_client, ["big", "tiny"], 72 * MiB, ns)
     put(server, make_client, ["tiny"], 100, ns + "-tiny")

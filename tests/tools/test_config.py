@@ -1,13 +1,18 @@
-"""`gdrkv serve --config FILE` (#19): every flag under its long name in a
-TOML file, flags winning over it, unknown keys and wrong kinds refused by
-name; the example in configs/server loads; a server runs from a file."""
+"""`gdrkv serve --config FILE` (#19, #39): every flag under its long name
+in a TOML file, flags in any form argparse takes winning over it, unknown
+keys and wrong kinds of every key refused by name, only a regular file of
+bounded size read, and a fuzzer that finds no other way out of the reader;
+the example in configs/server loads; a server runs from a file."""
 import argparse
 import os
 import re
+import string
 import tomllib
 import urllib.request
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import gdrkv
 from gdrkv import cli, config
 from gdrkv._native import ffi
@@ -38,6 +43,7 @@ EVERY = {
     "max_buffered": "64MiB",
     "unix_path": "",
     "lease_timeout_ms": 777,
+    "peer_pin_share": 0.5,
     "rdma": "off",
     "shm_staging": "8MiB",
     "single_tenant": True,
@@ -89,12 +95,123 @@ def test_flags_win_over_the_file(tmp_path):
     assert got == {**EVERY, "workers": 5, "rdma": "auto", "memory": 32 << 20}
 
 
+@pytest.mark.parametrize("words, workers", [
+    (["--workers", "5"], 5), (["--workers=5"], 5), (["--work", "5"], 5), (["--wor=5"], 5),
+    (["--no-pre", "--work", "6"], 6),
+])
+def test_flags_win_in_every_form_argparse_takes(tmp_path, capsys, words, workers):
+    """The defect (#39): an abbreviation argparse accepts (--lis) lost to the
+    file, whose apply() looked for the flag's full spelling in argv."""
+    path = tmp_path / "gdrkv.toml"
+    path.write_text(toml({"workers": 3, "pretouch": True, "listen": "127.0.0.1:9"}))
+    got = printed_here(capsys, "--config", str(path), *words, "--lis", "127.0.0.1:0")
+    assert got["workers"] == workers and got["listen"] == "127.0.0.1:0"
+    assert got["pretouch"] is ("--no-pre" not in words)
+
+
+def printed_here(capsys, *args):
+    """--print-config run in this process (cli.main), parsed."""
+    assert cli.main(["serve", *args, "--print-config"]) == 0, capsys.readouterr().err
+    return tomllib.loads(capsys.readouterr().out)
+
+
+# A value of a wrong kind for each kind of option, and ones wrong for all.
+WRONG = {
+    "text": [5, True, ["a"]], "flag": ["yes", 1, [True]], "mode": [1, "sometimes", True],
+    "int": ["5", 1.5, True], "int_or_auto": [1.5, "never", False], "size": [1.5, "lots", True],
+    "ratio": ["0.5", True, [0.5]],
+}
+NESTED = [[[[1]]], {"a": {"b": 1}}, [{"a": 1}]]
+
+
+@pytest.mark.parametrize("key", sorted(OPTIONS))
+def test_every_key_of_a_wrong_kind_is_refused_by_name(tmp_path, capsys, key):
+    """The defect (#39): `listen = 5` ran (a server "listening" on 5:0, a
+    socket named 5 for unix_path = 5); now every key refuses every kind of
+    value but its own with the message docs/operations.md describes."""
+    path = tmp_path / "gdrkv.toml"
+    for value in WRONG[OPTIONS[key].kind] + NESTED:
+        path.write_text(f"{key} = {toml_value(value)}\n")
+        assert cli.main(["serve", "--config", str(path), "--print-config"]) == 1, (key, value)
+        err = capsys.readouterr().err
+        assert f"config {path}: {key}" in err and "Traceback" not in err, (key, value, err)
+
+
+def toml_value(value):
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path):
+    """The defect (#39): a FIFO as the config path blocked the start
+    forever (open() waits for a writer); /dev/zero would be read forever."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path, why in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                      (tmp_path, "not a regular file")):
+        out = run_gdrkv("serve", "--config", str(path), "--print-config", timeout=20)
+        assert out.returncode == 1 and f"config {path}: {why}" in out.stderr, out.stderr
+    big = tmp_path / "big.toml"
+    big.write_text("# padding\n" * (config.MAX_BYTES // 10 + 1))
+    with pytest.raises(ValueError, match=f"config {big}: larger than"):
+        config.read(str(big))
+    with pytest.raises(ValueError, match="No such file"):
+        config.read(str(tmp_path / "none.toml"))
+
+
+@pytest.mark.parametrize("text, why", [
+    ("workers = " + "[" * 100000 + "]" * 100000, "nested too deeply"),
+    ("workers = " + "{a = " * 100000 + "1" + "}" * 100000, "nested too deeply"),
+    ("listen = \"\xff\"", "config"),
+])
+def test_nesting_and_encoding_errors_are_clean(tmp_path, text, why):
+    path = tmp_path / "gdrkv.toml"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=why) as failed:
+        config.read(str(path))
+    assert str(path) in str(failed.value)
+
+
+KEYS = st.sampled_from(sorted(OPTIONS) + ["colour", "config", "a.b", "'x y'"])
+SCALARS = st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=True),
+                    st.text(string.printable, max_size=12))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("abc"), inner, max_size=2)),
+    max_leaves=8)
+LINES = st.one_of(st.tuples(KEYS, VALUES).map(lambda kv: f"{kv[0]} = {toml_value(kv[1])}"),
+                  st.text(max_size=40), st.sampled_from(["[table]", "[[array]]", "x =", "= 1"]))
+
+
+@given(lines=st.lists(LINES, max_size=6))
+def test_fuzz_the_reader_raises_only_its_error(tmp_path, lines):
+    """TOML-ish text into the reader and apply(): they succeed or raise the
+    one documented ValueError, naming the file."""
+    path = tmp_path / "fuzz.toml"
+    path.write_bytes("\n".join(lines).encode(errors="surrogatepass"))
+    parser = argparse.ArgumentParser()
+    cli._add_option_flags(parser)
+    parser.add_argument("--config")
+    args = parser.parse_args(["--config", str(path)])
+    try:
+        config.apply(parser, args, ["serve", "--config", str(path)])
+    except ValueError as e:
+        assert str(e).startswith(f"config {path}"), e
+
+
 @pytest.mark.parametrize("line, message", [
     ('colour = "red"', "unknown key 'colour'"),
     ('pretouch = "no"', "pretouch must be true or false"),
-    ('workers = "many"', "workers"),
+    ('workers = "many"', "workers must be an integer"),
     ('hugepages = "sometimes"', "hugepages must be one of"),
-    ('memory = [1]', "memory must be a string or a number"),
+    ('memory = [1]', "memory must be a size"),
+    ('listen = 5', "listen must be a string"),
     ('listen = ', "config"),
 ])
 def test_bad_files_are_refused_by_name(tmp_path, line, message):

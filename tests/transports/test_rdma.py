@@ -111,7 +111,7 @@ def test_read_depth_is_negotiated(server_factory, make_client, monkeypatch):
 
 def test_pool_is_split_at_the_largest_mr(server_factory, make_client, monkeypatch):
     monkeypatch.setenv("SOFTVERBS_MAX_MR_SIZE", str(4 << 20))
-    split = server_factory("64MiB")
+    split = server_factory("64MiB", args=["--peer-pin-share", "1"])    # reads 40 MiB at once
     monkeypatch.delenv("SOFTVERBS_MAX_MR_SIZE")
     assert stat(split.stats(), "rdma_pool_mrs") == 16
     client = rdma_client(make_client, split)
