@@ -8,7 +8,8 @@ set -eo pipefail
 snippet_record() {
     "$SNIPPET_PYTHON" -c 'import json, os, sys
 with open(os.path.join(os.environ["SNIPPET_OUT"], "records.jsonl"), "a") as f:
-    f.write(json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}) + "\n")' "$@"
+    record = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
+    f.write(json.dumps(record) + "\n")' "$@"
 }
 
 # gdrkv serve ...: the real server, in the background; returns once it

@@ -28,8 +28,11 @@ file:line. The rules, for whoever adds a block:
      is the one command CI runs, and it can't run inside itself.
    LMCACHE_* variables a snippet leaves set are LMCache's environment form:
    loaded by LMCache and checked as a config file is.
-   A snippet that installs gdrkv (`pip install .`, "Try it") runs instead as
-   a newcomer runs it, in bash alone, in a fresh copy of the repository.
+   A snippet that installs gdrkv (`pip install .`: README's "Try it") runs
+   instead as a newcomer runs it, in bash alone, in a fresh copy of the
+   repository: tests/tools/test_try_it.py.
+   A snippet naming vllm or LMCACHE_ is marked vllm_env (its checks run in
+   the vLLM environment, with that environment's gdrkv).
 5. yaml, toml and json go to the loader their consumer uses, picked by what
    the block holds (CONSUMERS): Prometheus's `promtool check config` for a
    scrape config, gdrkv's TOML reader for a server config, ...; a block no
@@ -40,7 +43,6 @@ import io
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -56,8 +58,6 @@ BLOCKS = all_blocks()
 PRELUDE = os.path.join(ROOT, "tests", "support", "snippet_prelude.sh")
 VLLM_CHECK = os.path.join(ROOT, "tests", "support", "vllm_snippet_check.py")
 SNIPPET_TIMEOUT_S = 300
-# "Try it": a venv, a build of gdrkv and the default `gdrkv bench --ceiling`.
-TRY_IT_TIMEOUT_S = 900
 ADDRESS = re.compile(r"\b(?:10\.\d{1,3}\.\d{1,3}\.\d{1,3}|0\.0\.0\.0|127\.0\.0\.1|localhost)"
                      r"(?::(\d+))?\b")
 
@@ -67,13 +67,23 @@ def test_every_block_has_a_language():
     assert not untagged, f"fenced blocks without a language tag ({', '.join(LANGS)}): {untagged}"
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang and b.lang != "text"],
-                         ids=lambda b: b.where)
+def installs_gdrkv(block):
+    return block.lang == "sh" and "pip install ." in block.text
+
+
+def params():
+    for block in BLOCKS:
+        if block.lang and block.lang != "text" and not installs_gdrkv(block):
+            vllm = re.search(r"\bvllm serve\b|\bLMCACHE_", block.text)
+            yield pytest.param(block, id=block.where,
+                               marks=[pytest.mark.vllm_env] if vllm else [])
+
+
+@pytest.mark.parametrize("block", list(params()))
 def test_snippet(block, tmp_path, vllm_checker):
-    assert block.lang in LANGS, f"{block.where}: unknown language {block.lang!r}; use one of {LANGS}"
-    if block.lang == "sh" and re.search(r"pip install \.(\s|$)", block.text):
-        try_it(block, tmp_path)
-    elif block.lang == "sh":
+    assert block.lang in LANGS, \
+        f"{block.where}: unknown language {block.lang!r}; use one of {LANGS}"
+    if block.lang == "sh":
         run_sh(block, tmp_path, vllm_checker)
     elif block.lang == "python":
         done = subprocess.run([sys.executable, "-c", substitute(block.text, tmp_path)],
@@ -174,7 +184,8 @@ def check_record(block, record, vllm_checker):
             try:
                 make_parser().parse_args(argv[1:])
             except SystemExit:
-                pytest.fail(f"{block.where}: gdrkv {' '.join(argv[1:])}: {stderr.getvalue()[-1000:]}")
+                pytest.fail(f"{block.where}: gdrkv {' '.join(argv[1:])}: "
+                            f"{stderr.getvalue()[-1000:]}")
     else:
         assert command == "bash", record
         script = os.path.join(record["cwd"], argv[1])
@@ -244,28 +255,6 @@ def vllm_checker():
     if "proc" in state:
         state["proc"].stdin.close()
         state["proc"].wait(60)
-
-
-# ---------------------------------------------------------------- Try it
-
-def try_it(block, tmp_path):
-    """As a newcomer runs it: bash alone, in a fresh copy of the tracked
-    files, nothing substituted."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    copy = tmp_path / "gdrkv"
-    for name in filter(None, files):
-        if os.path.isfile(os.path.join(ROOT, name)):
-            os.makedirs(copy / os.path.dirname(name), exist_ok=True)
-            shutil.copy2(os.path.join(ROOT, name), copy / name)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "VIRTUAL_ENV")}
-    done = subprocess.run(["bash", "-eo", "pipefail", "-c", block.text], cwd=copy, env=env,
-                          capture_output=True, text=True, timeout=TRY_IT_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"{block.where}:\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
-    assert re.search(r"loopback TCP stream [\d.]+ GB/s, memcpy [\d.]+ GB/s", done.stdout), \
-        done.stdout
 
 
 # ---------------------------------------------------------------- configs
