@@ -5,12 +5,14 @@ file:line. The rules, for whoever adds a block:
 1. Every block has a language tag (test_every_block_has_a_language lists
    those without): sh, python, yaml, toml, json or text.
 2. text is prose (file maps, key examples, frame layouts): not run.
-3. python runs in a fresh interpreter of the test environment.
+3. python runs in a fresh interpreter of the test environment, from the
+   repository root, after the substitutions of sh below.
 4. sh runs in bash (`set -eo pipefail`: every command must succeed) with
    the test environment's `gdrkv` on PATH, after three substitutions and
    nothing else: 10.x.x.x and 0.0.0.0 become 127.0.0.1, each port after such
-   an address (or 127.0.0.1, localhost) a free one (one per port number), and
-   /etc/gdrkv a temporary folder. It runs in a copy of the repository root
+   an address (or 127.0.0.1, localhost) a free one (one per port number: the
+   same port on two hosts is one server here), and /etc/gdrkv a temporary
+   folder. It runs in a copy of the repository root
    whose `.venv` (the one "Try it" makes) is the test environment. The
    commands that can't run to the end here are functions
    (tests/support/snippet_prelude.sh), the snippet's text untouched:
@@ -27,7 +29,8 @@ file:line. The rules, for whoever adds a block:
    - `bash tests/*.sh` (the CI's scripts) must exist and parse: tests/run.sh
      is the one command CI runs, and it can't run inside itself.
    LMCACHE_* variables a snippet leaves set are LMCache's environment form:
-   loaded by LMCache and checked as a config file is.
+   loaded by LMCache and checked as a config file is (but for the
+   PYTHONHASHSEED guard, which is the vllm command's).
    A snippet that installs gdrkv (`pip install .`: README's "Try it") runs
    instead as a newcomer runs it, in bash alone, in a fresh copy of the
    repository: tests/tools/test_try_it.py.
