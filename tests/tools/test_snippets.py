@@ -46,6 +46,7 @@ import io
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -231,10 +232,11 @@ def check_sglang(block, argv):
 
 
 @pytest.fixture(scope="module")
-def vllm_checker():
+def vllm_checker(tmp_path_factory):
     """Checks a vLLM or LMCache record in one long-lived process of the
     vLLM environment (vLLM's imports cost tens of seconds)."""
     state = {}
+    log_path = tmp_path_factory.mktemp("vllm-check") / "stderr"
 
     def check(block, request):
         if not VLLM_PYTHON.exists():
@@ -243,21 +245,29 @@ def vllm_checker():
                 pytest.fail(message)
             pytest.skip(message)
         if "proc" not in state:
-            state["proc"] = subprocess.Popen(
-                [str(VLLM_PYTHON), VLLM_CHECK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True, env=vllm_env())
+            with open(log_path, "wb") as log:
+                state["proc"] = subprocess.Popen(
+                    [str(VLLM_PYTHON), VLLM_CHECK], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=log, text=True, env=vllm_env())
         proc = state["proc"]
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
+        # One answer line per request, so nothing is left buffered between
+        # them and select() sees each one.
+        if not select.select([proc.stdout], [], [], SNIPPET_TIMEOUT_S)[0]:
+            proc.kill()
+            pytest.fail(f"{block.where}: no answer from the vLLM environment's checker "
+                        f"in {SNIPPET_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
         line = proc.stdout.readline()
-        assert line, f"{block.where}: the vLLM environment's checker died"
+        assert line, f"{block.where}: the vLLM environment's checker died:\n" \
+                     f"{log_path.read_text()[-4000:]}"
         answer = json.loads(line)
         assert answer["error"] is None, f"{block.where}: {answer['checked']}\n{answer['error']}"
         assert answer["checked"], block.where
     yield check
     if "proc" in state:
         state["proc"].stdin.close()
-        state["proc"].wait(60)
+        state["proc"].wait(SNIPPET_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------- configs
