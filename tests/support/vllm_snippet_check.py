@@ -32,8 +32,8 @@ def main():
                 with environment(request["lmcache_env"]):
                     check_lmcache(None, checked, hashing=False)
             error = None
-        except BaseException:           # argparse exits: SystemExit
-            error = traceback.format_exc(limit=3) + getattr(sys, "snippet_stderr", "")
+        except Exception:
+            error = traceback.format_exc(limit=3)
         print(json.dumps({"error": error, "checked": checked}), file=answers, flush=True)
 
 
@@ -61,8 +61,7 @@ def check_vllm(argv, env, checked):
         try:
             args = parser.parse_args(["--model", argv[1], *argv[2:]])
         except SystemExit:
-            sys.snippet_stderr = stderr.getvalue()[-1000:]
-            raise
+            raise ValueError(f"vllm serve: {stderr.getvalue()[-1000:]}") from None
     checked.append("EngineArgs")
     transfer = args.kv_transfer_config
     if transfer is None:

@@ -171,7 +171,6 @@ def run_sh(block, tmp_path, vllm_checker):
     lmcache_vars = dict(zip(fields[::2], fields[1::2]))
     if lmcache_vars:
         vllm_checker(block, {"lmcache_env": lmcache_vars, "cwd": str(cwd)})
-    return records
 
 
 def check_record(block, record, vllm_checker):
