@@ -20,6 +20,20 @@ DEFAULT_MEMORY_CAP = 64 << 30
 
 
 def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            config.apply(args.serve_parser, args, sys.argv[1:] if argv is None else argv)
+        return args.run(args)
+    except (GdrkvError, ValueError, EtcdError) as e:
+        print(f"gdrkv {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+def make_parser():
+    """The command line of every subcommand (the docs' snippets are checked
+    against it too)."""
     parser = argparse.ArgumentParser(prog="gdrkv", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -59,15 +73,7 @@ def main(argv=None):
     doctor_cmd = commands.add_parser("doctor", help="report what this machine offers gdrkv")
     doctor.add_arguments(doctor_cmd)
     doctor_cmd.set_defaults(run=doctor.run)
-
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "serve":
-            config.apply(args.serve_parser, args, sys.argv[1:] if argv is None else argv)
-        return args.run(args)
-    except (GdrkvError, ValueError, EtcdError) as e:
-        print(f"gdrkv {args.command}: {e}", file=sys.stderr)
-        return 1
+    return parser
 
 
 def _serve(args):

@@ -188,10 +188,30 @@ static int map_file(struct pool *p, const struct pool_opts *o, char *err, size_t
     return 0;
 }
 
+/* A pool as large as the host's memory can never be held: pretouching it
+ * (the default) would fault in more than there is and bring the OOM killer
+ * within seconds, and without pretouch the same comes later, under load.
+ * Refused before anything is mapped, naming both sizes. */
+static int check_fits_in_memory(uint64_t size, char *err, size_t errlen)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page_size <= 0)
+        return 0;                       /* unknown: nothing to hold it against */
+    uint64_t memory = (uint64_t)pages * (uint64_t)page_size;
+    if (size < memory)
+        return 0;
+    snprintf(err, errlen, "a %llu MiB pool does not fit in this host's %llu MiB of memory: "
+             "ask for less (gdrkv serve --memory SIZE or a share such as 25%%)",
+             (unsigned long long)(size >> 20), (unsigned long long)(memory >> 20));
+    return -1;
+}
+
 static int map_anonymous(struct pool *p, const struct pool_opts *o, char *err, size_t errlen)
 {
     uint64_t size = o->size;
     int rc = -1;
+    if (check_fits_in_memory(size, err, errlen) != 0)
+        return -1;
     if (o->hugepages != 0) {
         rc = map_memfd(p, size, 1);
         if (rc != 0 && o->hugepages < 0)

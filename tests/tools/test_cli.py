@@ -74,6 +74,22 @@ def test_serve_rejects_bad_options_clearly(args, mentions):
     assert "gdrkv listening" not in output
 
 
+@pytest.mark.parametrize("pretouch", [[], ["--no-pretouch"]])
+def test_serve_refuses_a_pool_larger_than_the_host_at_once(pretouch):
+    """A pool the host can never hold (the docs' production 64GiB on a small
+    machine, say) is refused before anything is mapped, naming both sizes,
+    rather than pretouched into the OOM killer."""
+    memory_mib = PHYSICAL_RAM >> 20
+    asked_mib = memory_mib + 1024
+    result = gdrkv("serve", *pretouch, "--listen", "127.0.0.1:0", "--memory", f"{asked_mib}MiB",
+                   timeout=30)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output, output
+    assert f"a {asked_mib} MiB pool does not fit in this host's {memory_mib} MiB of memory" \
+        in output, output
+    assert "gdrkv listening" not in output
+
+
 def test_serve_on_a_taken_port_fails_clearly(server_factory):
     server = server_factory(memory="16MiB")
     result = gdrkv("serve", "--no-pretouch", "--memory", "16MiB", "--listen", server.address,
