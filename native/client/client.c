@@ -374,6 +374,23 @@ int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len)
     return rc;
 }
 
+int gdrkv_client_members_text(gdrkv_client *c, char *buf, size_t len)
+{
+    if (!c)
+        return GDRKV_E_CLOSED;
+    if (!buf)
+        return GDRKV_E_INVALID;
+    struct gk_text t;
+    gk_text_init(&t, buf, len);
+    /* One table for the whole list: server i of two calls may be two
+     * members when the cluster swapped the table between them. */
+    struct client_table *table = client_table_get(c);
+    for (uint32_t i = 0; i < table->cur.n; i++)
+        gk_text_printf(&t, "%s\n", table->all[i]->ep.name);
+    client_table_put(table);
+    return gk_text_finish(&t);
+}
+
 int gdrkv_client_server_stats(gdrkv_client *c, uint32_t i, char *buf, size_t len)
 {
     if (!c)

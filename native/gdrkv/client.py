@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from . import local
 from .cluster.members import CLIENT_SCHEME, parse_cluster
-from ._capi import read_address, read_counters, set_int_field, start_error
+from ._capi import read_address, read_counters, read_text, set_int_field, start_error
 from ._native import ffi, lib
 from .errors import E_CLOSED, E_NOT_FOUND, GdrkvError, check, strerror
 from .sizes import parse_size
@@ -278,6 +278,12 @@ class Client:
             if self._cluster:
                 client["etcd_errors"] = self._cluster.etcd_errors
             return {"client": client, "servers": servers}
+
+    def members(self):
+        """The "host:port" of each server in the client's table now (a
+        cluster URL's members change under it)."""
+        with self._calls:
+            return read_text(lib.gdrkv_client_members_text, self._handle).splitlines()
 
     def _set_members(self, members):
         """Replaces the servers with members, a list of (addr "host:port",

@@ -351,6 +351,10 @@ int gdrkv_place(const void *key, size_t key_len, const gdrkv_member *members, ui
                 uint32_t replicas, uint32_t *out);
 
 uint32_t gdrkv_client_nservers(gdrkv_client *c);
+/* The current members' "host:port", one per line, all of one table
+ * (the names of servers 0..n-1 read one by one may span a swap); returns
+ * the text's length or a negative error. */
+int gdrkv_client_members_text(gdrkv_client *c, char *buf, size_t len);
 /* "host:port" of server i. */
 int gdrkv_client_server_name(gdrkv_client *c, uint32_t i, char *buf, size_t len);
 /* Server i's counters as "name value\n" lines (same format as

@@ -49,6 +49,23 @@ def free_ports(n):
             s.close()
 
 
+def wait_ready(members):
+    """Waits until each etcd member answers a write."""
+    from gdrkv.cluster.etcd import Etcd, EtcdError
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for member in members:
+        client = Etcd([member.endpoint], timeout_s=1.0)
+        while True:
+            try:
+                client.put(b"/ready", b"1")
+                break
+            except EtcdError:
+                if not member.alive or time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd {member.name} did not start:\n"
+                                       f"{member.log_tail()}") from None
+                time.sleep(0.05)
+
+
 class EtcdMember:
     def __init__(self, workdir, name, client_port, peer_port, initial_cluster):
         self.name, self.workdir = name, workdir
@@ -121,19 +138,7 @@ class EtcdCluster:
 
     def wait_ready(self, members=None):
         """Waits until each of members (default all) answers a write."""
-        from gdrkv.cluster.etcd import Etcd, EtcdError
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for member in members or self.members:
-            client = Etcd([member.endpoint], timeout_s=1.0)
-            while True:
-                try:
-                    client.put(b"/ready", b"1")
-                    break
-                except EtcdError:
-                    if not member.alive or time.monotonic() > deadline:
-                        raise RuntimeError(f"etcd {member.name} did not start:\n"
-                                           f"{member.log_tail()}") from None
-                    time.sleep(0.05)
+        wait_ready(members or self.members)
 
     def stop_all(self):
         for member in self.members:

@@ -28,6 +28,9 @@ file:line. The rules, for whoever adds a block:
      and LMCache's loader for LMCACHE_CONFIG_FILE;
    - `bash tests/*.sh` (the CI's scripts) must exist and parse: tests/run.sh
      is the one command CI runs, and it can't run inside itself.
+   A snippet naming etcd://HOST:PORT or gdrkv+etcd://HOST:PORT finds a real
+   etcd (one member) listening on each such address: the etcd the docs
+   assume is there.
    LMCACHE_* variables a snippet leaves set are LMCache's environment form:
    loaded by LMCache and checked as a config file is (but for the
    PYTHONHASHSEED guard, which is the vllm command's).
@@ -159,10 +162,15 @@ def run_sh(block, tmp_path, vllm_checker):
                       'for v in ${!LMCACHE_@}; do printf "%s\\0%s\\0" "$v" "${!v}"; done '
                       '>"$SNIPPET_OUT/lmcache-vars"\n')
     cwd = repo_copy(tmp_path)
+    etcds = start_etcds(text, tmp_path)
     env = dict(os.environ, SNIPPET_OUT=str(out), SNIPPET_PYTHON=sys.executable,
                SNIPPET_GDRKV=real_gdrkv, PATH=bindir + os.pathsep + os.environ["PATH"])
-    done = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=SNIPPET_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    try:
+        done = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=SNIPPET_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    finally:
+        for member in etcds:
+            member.kill()
     logs = "".join(f"\n--- {p.name}\n{p.read_text()}" for p in sorted(out.glob("serve-*.log")))
     assert done.returncode == 0, f"{block.where} exited {done.returncode}:\n{text}\n" \
                                  f"{done.stdout}{done.stderr}{logs}"
@@ -177,6 +185,23 @@ def run_sh(block, tmp_path, vllm_checker):
     lmcache_vars = dict(zip(fields[::2], fields[1::2]))
     if lmcache_vars:
         vllm_checker(block, {"lmcache_env": lmcache_vars, "cwd": str(cwd)})
+
+
+def start_etcds(text, tmp_path):
+    """A real etcd (one member) on each address the snippet's etcd:// and
+    gdrkv+etcd:// URLs name, after the substitutions: the etcd the docs
+    assume runs there."""
+    from support.etcd import EtcdMember, wait_ready
+    members = []
+    ports = {int(port) for hosts in re.findall(r"etcd://([^/\s\"']+)/", text)
+             for port in re.findall(r"127\.0\.0\.1:(\d+)", hosts)}
+    for port in sorted(ports):
+        name = f"snippet-{port}"
+        peer = free_port()
+        members.append(EtcdMember(str(tmp_path), name, port, peer,
+                                  f"{name}=http://127.0.0.1:{peer}").start())
+    wait_ready(members)
+    return members
 
 
 def check_record(block, record, vllm_checker):
@@ -278,8 +303,16 @@ def vllm_checker(tmp_path_factory):
 # ---------------------------------------------------------------- configs
 
 def check_prometheus(block, tmp_path):
+    """promtool, after the substitutions; a credentials_file the config
+    names is made first (a token, mode 0600), as the operator makes it:
+    promtool checks that it exists."""
+    text = substitute(block.text, tmp_path)
+    for secret in re.findall(r"credentials_file:\s*(\S+)", text):
+        os.makedirs(os.path.dirname(secret), exist_ok=True)
+        with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(16).hex())
     path = tmp_path / "prometheus.yml"
-    path.write_text(block.text)
+    path.write_text(text)
     done = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, f"{block.where}:\n{done.stdout}{done.stderr}"
