@@ -111,6 +111,10 @@ build "$ASAN_VENV" GDRKV_SANITIZE=1
 # have none). Each pass has a TMPDIR of its own (its servers' files, the
 # hang guard's logs).
 PASS_TMP=${TMPDIR:-/tmp}
+# files_marked MARK: the test files that name pytest.mark.MARK. A run that
+# selects by a marker collects only them: collecting tests/ imports every
+# engine, ~25 s of CPU in each xdist worker, to deselect nearly all of it.
+files_marked() { grep -rlE --include='test_*.py' "mark\.$1\b" tests | sort; }
 run_pytest() {
     local python=$1 select=$2; shift 2
     local -x TMPDIR
@@ -119,9 +123,9 @@ run_pytest() {
     local rc=0
     (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadfile \
         --durations=20 -m "${select:+($select) and }not alone" "$@") || rc=$?
-    if [ $rc -eq 0 ]; then
+    if [ $rc -eq 0 ] && [ -n "$(files_marked alone)" ]; then
         (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider \
-            -m "${select:+($select) and }alone" "$@") || rc=$?
+            -m "${select:+($select) and }alone" $(files_marked alone) "$@") || rc=$?
         [ $rc -eq 5 ] && rc=0
     fi
     [ $rc -eq 0 ] && { rm -rf "$TMPDIR"; return 0; }
@@ -138,7 +142,7 @@ run_pytest "$VENV/bin/python" "" "$@"
 # (--pool-file, docs/operations.md "Restarts"); those marked memfd_pool say
 # why they are skipped there.
 phase "transports over a pool file"
-GDRKV_TEST_POOL_FILE=1 run_pytest "$VENV/bin/python" pool_file "$@"
+GDRKV_TEST_POOL_FILE=1 run_pytest "$VENV/bin/python" pool_file $(files_marked pool_file) "$@"
 
 phase "test suite again (ASan + UBSan build)"
 # Python itself is not instrumented: preload the runtimes, and leave leak
