@@ -149,9 +149,10 @@ phase "test suite again (ASan + UBSan build)"
 # checking to the C unit tests (the interpreter keeps memory until exit).
 # The C tests already run sanitized, so they are not repeated here; nor are
 # the tests whose engine runs in the vLLM environment, which loads that
-# environment's optimised gdrkv, not this build (support/vllm_env.py).
+# environment's optimised gdrkv, not this build (support/vllm_env.py), nor
+# those that run no C code of gdrkv (python_only: the key derivations).
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    run_pytest "$ASAN_VENV/bin/python" "not native and not vllm_env" "$@"
+    run_pytest "$ASAN_VENV/bin/python" "not native and not vllm_env and not python_only" "$@"
 phase "all passes green"

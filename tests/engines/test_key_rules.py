@@ -10,6 +10,9 @@ import torch
 from support import engines
 from gdrkv.keys import KeyScheme, dtype_name
 
+# Pure Python, as test_keys.py: left out of the sanitized pass.
+pytestmark = pytest.mark.python_only
+
 FIELDS = dict(engine="sglang", model="org/model", dtype="bf16", layout="page_first",
               page_tokens=64, segments=2, segment_bytes=4096)
 
