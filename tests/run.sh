@@ -85,24 +85,30 @@ phase "virtual environments, engines (torch, sglang, lmcache), vLLM's and the te
 rm -rf "$ROOT/build" "$WHEELS"
 "$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$WHEELS" "$ROOT"
 rm -rf "$ROOT/build"
-# The two environments share nothing: they install side by side.
+# .venv-test: the engines, then the test extra of pyproject.toml.
+install_test_env() {
+    bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python" &&
+    "$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
+        tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+}
+# The two environments share nothing: they install side by side, while the
+# sanitized build below compiles.
 in_background "$VENV/install-vllm.log" \
     env GDRKV_WHEEL="$(ls "$WHEELS"/gdrkv-*.whl)" bash "$ROOT/tests/install_vllm_env.sh" "$VLLM_VENV"
-in_background "$VENV/install-engines.log" bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
-finish
-# The test extra of pyproject.toml, then gdrkv itself from the wheel.
-"$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
-    tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
-"$VENV/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/gdrkv-*.whl
+in_background "$VENV/install-engines.log" install_test_env
 
 phase "build (ASan + UBSan)"
 # A light environment that adds .venv-test's site-packages (and its .pth
-# files) after its own, so its gdrkv is the one imported; pip comes from there.
+# files) after its own, so its gdrkv is the one imported; pip, setuptools
+# and cffi come from there (installed above, before the engines).
 [ -x "$ASAN_VENV/bin/python" ] || "$PYTHON" -m venv --without-pip "$ASAN_VENV"
 "$ASAN_VENV/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/zz_venv_test.pth",
     "w").write(f"import site; site.addsitedir({sys.argv[1]!r})\n")' \
     "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
 build "$ASAN_VENV" GDRKV_SANITIZE=1
+finish
+# gdrkv itself into .venv-test, from the wheel.
+"$VENV/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/gdrkv-*.whl
 
 # run_pytest PYTHON SELECT [pytest args...]: the tests the -m expression
 # SELECT picks ("" for all), over pytest-xdist's workers, then those of them
