@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from support import engines
 from gdrkv.keys import KeyScheme, dtype_name, engine_namespace, with_engine_namespace
 
-# Keys are pure Python: a gcov build of gdrkv counts no C line run by this
-# file beyond the library's loading, so the sanitized pass leaves it out.
-pytestmark = pytest.mark.python_only
+# A gcov build of gdrkv counts no C line run by this file beyond the
+# library's loading.
+pytestmark = pytest.mark.no_asan("keys are pure Python")
 
 PROTOCOL_KEY_LIMIT = 4096
 
