@@ -90,24 +90,30 @@ phase "virtual environments, engines (torch, sglang, lmcache), vLLM's and the te
 rm -rf "$ROOT/build" "$WHEELS"
 "$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$WHEELS" "$ROOT"
 rm -rf "$ROOT/build"
-# The two environments share nothing: they install side by side.
+# .venv-test: the engines, then the test extra of pyproject.toml.
+install_test_env() {
+    bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python" &&
+    "$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
+        tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+}
+# The two environments share nothing: they install side by side, while the
+# sanitized build below compiles.
 in_background "$VENV/install-vllm.log" \
     env GDRKV_WHEEL="$(ls "$WHEELS"/gdrkv-*.whl)" bash "$ROOT/tests/install_vllm_env.sh" "$VLLM_VENV"
-in_background "$VENV/install-engines.log" bash "$ROOT/tests/install_engines.sh" "$VENV/bin/python"
-finish
-# The test extra of pyproject.toml, then gdrkv itself from the wheel.
-"$VENV/bin/pip" install -q $("$VENV/bin/python" -c 'import tomllib; print(" ".join(
-    tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
-"$VENV/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/gdrkv-*.whl
+in_background "$VENV/install-engines.log" install_test_env
 
 phase "build (ASan + UBSan)"
 # A light environment that adds .venv-test's site-packages (and its .pth
-# files) after its own, so its gdrkv is the one imported; pip comes from there.
+# files) after its own, so its gdrkv is the one imported; pip, setuptools
+# and cffi come from there (installed above, before the engines).
 [ -x "$ASAN_VENV/bin/python" ] || "$PYTHON" -m venv --without-pip "$ASAN_VENV"
 "$ASAN_VENV/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/zz_venv_test.pth",
     "w").write(f"import site; site.addsitedir({sys.argv[1]!r})\n")' \
     "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
 build "$ASAN_VENV" GDRKV_SANITIZE=1
+finish
+# gdrkv itself into .venv-test, from the wheel.
+"$VENV/bin/pip" install -q --force-reinstall --no-deps "$WHEELS"/gdrkv-*.whl
 
 # run_pytest PYTHON SELECT [pytest args...]: the tests the -m expression
 # SELECT picks ("" for all), over pytest-xdist's workers, then those of them
@@ -116,6 +122,10 @@ build "$ASAN_VENV" GDRKV_SANITIZE=1
 # have none). Each pass has a TMPDIR of its own (its servers' files, the
 # hang guard's logs).
 PASS_TMP=${TMPDIR:-/tmp}
+# files_marked MARK: the test files that name pytest.mark.MARK. A run that
+# selects by a marker collects only them: collecting tests/ imports every
+# engine, ~25 s of CPU in each xdist worker, to deselect nearly all of it.
+files_marked() { grep -rlE --include='test_*.py' "mark\.$1\b" tests | sort; }
 run_pytest() {
     local python=$1 select=$2; shift 2
     local -x TMPDIR
@@ -124,9 +134,9 @@ run_pytest() {
     local rc=0
     (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadfile \
         --durations=20 -m "${select:+($select) and }not alone" "$@") || rc=$?
-    if [ $rc -eq 0 ]; then
+    if [ $rc -eq 0 ] && [ -n "$(files_marked alone)" ]; then
         (cd "$ROOT" && "$python" -m pytest -q -p no:cacheprovider \
-            -m "${select:+($select) and }alone" "$@") || rc=$?
+            -m "${select:+($select) and }alone" $(files_marked alone) "$@") || rc=$?
         [ $rc -eq 5 ] && rc=0
     fi
     [ $rc -eq 0 ] && { rm -rf "$TMPDIR"; return 0; }
@@ -143,7 +153,7 @@ run_pytest "$VENV/bin/python" "" "$@"
 # (--pool-file, docs/operations.md "Restarts"); those marked memfd_pool say
 # why they are skipped there.
 phase "transports over a pool file"
-GDRKV_TEST_POOL_FILE=1 run_pytest "$VENV/bin/python" pool_file "$@"
+GDRKV_TEST_POOL_FILE=1 run_pytest "$VENV/bin/python" pool_file $(files_marked pool_file) "$@"
 
 phase "test suite again (ASan + UBSan build)"
 # Python itself is not instrumented: preload the runtimes, and leave leak
@@ -151,9 +161,10 @@ phase "test suite again (ASan + UBSan build)"
 # The C tests already run sanitized, so they are not repeated here; nor are
 # the tests whose engine runs in the vLLM environment, which loads that
 # environment's optimised gdrkv, not this build (support/vllm_env.py), nor
-# README's Try it, which builds a gdrkv of its own (own_build).
+# those marked no_asan (no C code of gdrkv, none that others miss here, or
+# a gdrkv of their own: README's Try it).
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    run_pytest "$ASAN_VENV/bin/python" "not native and not vllm_env and not own_build" "$@"
+    run_pytest "$ASAN_VENV/bin/python" "not native and not vllm_env and not no_asan" "$@"
 phase "all passes green"

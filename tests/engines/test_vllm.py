@@ -1,8 +1,11 @@
 """gdrkv's vLLM store connector (adapters/vllm) in vLLM 0.33's real
 Scheduler, KV cache manager, model-runner mixin and output aggregator, on
-CPU KV tensors: each engine is a fresh process of tests/support/vllm_engine.py in
-the vLLM environment, against a real `gdrkv serve` process. Saving in one
-process and loading in another is what proves keys survive a restart."""
+CPU KV tensors: engines run in fresh processes of tests/support/vllm_engine.py
+in the vLLM environment, against a real `gdrkv serve` process. Saving in one
+process and loading in another is what proves keys survive a restart, and
+the tests of restarts do that; otherwise a test's engines run one after
+another in one process, each built anew (a process spends seconds importing
+vLLM, an engine starts in far less)."""
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,16 +27,24 @@ BLOCK_BYTES = 2 * BLOCK * 2 * 8 * 2 * 2     # layers x tokens x heads x K|V x he
 pytestmark = pytest.mark.vllm_env
 
 
+def engines(python, server, namespace, *scenarios, env=None):
+    """Runs an engine for each scenario (phases, each: requests {id:
+    tokens}, max_tokens, occupy_blocks, break_after_lookup; and the engine's
+    settings), one after another in one process; their reports, after
+    checking that each went idle and gave back every block (the null block
+    stays taken)."""
+    scenarios = [dict(url=server.url, namespace=namespace, **s) for s in scenarios]
+    reports = run_vllm_script(python, [ENGINE, json.dumps(scenarios)], vllm_env(**(env or {})))
+    for scenario, report in zip(scenarios, reports, strict=True):
+        if "error" not in report:
+            assert all(report["idle"]), report
+            assert report["free_blocks"] == scenario.get("blocks", BLOCKS) - 1, report
+    return reports
+
+
 def engine(python, server, namespace, phases, env=None, **scenario):
-    """Runs one engine over phases (each: requests {id: tokens}, max_tokens,
-    occupy_blocks, break_after_lookup); its report, after checking that it
-    went idle and gave back every block (the null block stays taken)."""
-    scenario = dict(url=server.url, namespace=namespace, phases=phases, **scenario)
-    report = run_vllm_script(python, [ENGINE, json.dumps(scenario)], vllm_env(**(env or {})))
-    if "error" not in report:
-        assert all(report["idle"]), report
-        assert report["free_blocks"] == scenario.get("blocks", BLOCKS) - 1, report
-    return report
+    """One engine over phases in a process of its own: its report."""
+    return engines(python, server, namespace, dict(phases=phases, **scenario), env=env)[0]
 
 
 def prompt(seed, blocks, extra=0):
@@ -86,8 +97,8 @@ def test_a_saved_prefix_loads_through_a_cluster_url(vllm_python, etcd, cluster_n
 
 def test_a_whole_prompt_hit_leaves_the_last_token_to_compute(vllm_python, server, ns):
     tokens = prompt(4, 4)
-    engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
-    loader = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}])
+    _, loader = engines(vllm_python, server, ns, dict(phases=[{"requests": {"a": tokens}}]),
+                        dict(phases=[{"requests": {"b": tokens}}]))
     b = loader["requests"]["b"]
     assert b["external_tokens"] == 4 * BLOCK - 1
     assert b["loaded_exact"] == [True] * 4
@@ -100,10 +111,9 @@ def test_a_load_that_fails_is_recomputed(vllm_python, server_factory, ns, how):
     request finishes and nothing is left waiting."""
     server = server_factory(memory="64MiB")
     tokens = prompt(5, 4, extra=3)
-    engine(vllm_python, server, ns, [{"requests": {"a": tokens}}])
-    report = engine(vllm_python, server, ns, [
-        {"requests": {"b": tokens}, "break_after_lookup": how, "server_pid": server.proc.pid}],
-        timeout_ms=1000)
+    _, report = engines(vllm_python, server, ns, dict(phases=[{"requests": {"a": tokens}}]), dict(
+        phases=[{"requests": {"b": tokens}, "break_after_lookup": how,
+                 "server_pid": server.proc.pid}], timeout_ms=1000))
     if how == "kill":
         server.kill()       # what the engine did: teardown expects it dead
     b = report["requests"]["b"]
@@ -130,10 +140,11 @@ def test_tp_ranks_store_their_shards_and_dp_replicas_share(vllm_python, server, 
     tokens = prompt(7, 3, extra=5)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], tp=2, mla=mla)
     assert saver["stats"]["save_keys"] == 3 * (1 if mla else 2)
-    replica = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}], tp=2, mla=mla,
-                     dp_rank=1)
+    replica, single = engines(
+        vllm_python, server, ns,
+        dict(phases=[{"requests": {"b": tokens}}], tp=2, mla=mla, dp_rank=1),
+        dict(phases=[{"requests": {"c": tokens}}], tp=1, mla=mla))
     assert replica["requests"]["b"]["loaded_exact"] == [True] * 3
-    single = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}], tp=1, mla=mla)
     assert single["requests"]["c"]["external_tokens"] == (3 * BLOCK if mla else 0)
 
 
@@ -144,9 +155,10 @@ def test_pipeline_stages_store_their_layers(vllm_python, server, ns):
     tokens = prompt(9, 3, extra=2)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], tp=2, pp=2)
     assert saver["stats"]["save_keys"] == 3 * 4
-    loader = engine(vllm_python, server, ns, [{"requests": {"b": tokens}}], tp=2, pp=2)
+    loader, flat = engines(vllm_python, server, ns,
+                           dict(phases=[{"requests": {"b": tokens}}], tp=2, pp=2),
+                           dict(phases=[{"requests": {"c": tokens}}], tp=2))
     assert loader["requests"]["b"]["loaded_exact"] == [True] * 3
-    flat = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}], tp=2)
     assert flat["requests"]["c"]["external_tokens"] == 0
 
 
@@ -155,12 +167,12 @@ def test_objects_of_several_blocks_skip_what_the_engine_holds(vllm_python, serve
     engine's own prefix cache holds part of is loaded around those blocks."""
     extra = {"blocks_per_key": 4}
     tokens = prompt(8, 9, extra=2)
-    saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], extra=extra)
+    # The second engine: a 6-block local hit, then 2 blocks of the second chunk load.
+    saver, report = engines(vllm_python, server, ns,
+                            dict(phases=[{"requests": {"a": tokens}}], extra=extra),
+                            dict(phases=[{"requests": {"p": tokens[:6 * BLOCK + 1]}},
+                                         {"requests": {"q": tokens}}], extra=extra))
     assert saver["stats"]["save_keys"] == 2
-    # Same engine: a 6-block local hit, then 2 blocks of the second chunk load.
-    report = engine(vllm_python, server, ns, [
-        {"requests": {"p": tokens[:6 * BLOCK + 1]}},
-        {"requests": {"q": tokens}}], extra=extra)
     q = report["requests"]["q"]
     assert q["local_tokens"] == 6 * BLOCK
     assert q["external_tokens"] == 2 * BLOCK
@@ -189,9 +201,10 @@ def test_a_sliding_window_model_loads_full_layers_and_its_window(vllm_python, se
     tokens = prompt(21, 6, extra=8)
     saver = engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], window=WINDOW)
     assert saver["stats"]["save_keys"] == 6 * 2 and saver["stats"]["save_failed_keys"] == 0
-    loader = engine(vllm_python, server, ns, [
+    # The plain engine, in the loader's process, checks the keys at the end.
+    loader, plain = engines(vllm_python, server, ns, dict(phases=[
         {"occupy_blocks": 7, "requests": {"b": tokens, "d": prompt(21, 3) + prompt(22, 2, 1)}}],
-        window=WINDOW)
+        window=WINDOW), dict(phases=[{"requests": {"c": tokens}}]))
     b, d = loader["requests"]["b"], loader["requests"]["d"]
     assert b["external_tokens"] == 6 * BLOCK and b["loaded_exact"] == [True] * 6
     assert b["window_exact"] == [True] * 2          # blocks 4 and 5: (96 - 31) // 16 = 4
@@ -199,7 +212,6 @@ def test_a_sliding_window_model_loads_full_layers_and_its_window(vllm_python, se
     assert d["window_exact"] == [True] * 2          # blocks 1 and 2
     assert loader["stats"]["load_keys"] == (6 + 2) + (3 + 2)
     # Other keys than the same model without the sliding window.
-    plain = engine(vllm_python, server, ns, [{"requests": {"c": tokens}}])
     assert plain["requests"]["c"]["external_tokens"] == 0
 
 
@@ -210,15 +222,15 @@ def test_a_window_block_missing_shortens_the_hit(vllm_python, server, ns):
     gets 1 block, though the full layer's objects of 3 are there."""
     tokens = prompt(23, 6, extra=8)
     engine(vllm_python, server, ns, [{"requests": {"a": tokens}}], window=WINDOW)
-    report = engine(vllm_python, server, ns, [
+    # Two engines of one process: c's engine shares no prefix cache with b's.
+    first, second = engines(vllm_python, server, ns, dict(phases=[
         {"drop": {"tokens": tokens, "group": 1, "blocks": [5, 1]},
-         "requests": {"b": tokens}}], window=WINDOW)
-    b = report["requests"]["b"]
+         "requests": {"b": tokens}}], window=WINDOW),
+        dict(phases=[{"requests": {"c": tokens[:3 * BLOCK + 5]}}], window=WINDOW))
+    b = first["requests"]["b"]
     assert b["external_tokens"] == 5 * BLOCK
     assert b["loaded_exact"] == [True] * 5 and b["window_exact"] == [True] * 2
-    report = engine(vllm_python, server, ns, [{"requests": {"c": tokens[:3 * BLOCK + 5]}}],
-                    window=WINDOW)
-    c = report["requests"]["c"]
+    c = second["requests"]["c"]
     assert c["external_tokens"] == BLOCK
     assert c["loaded_exact"] == [True] and c["window_exact"] == [True]
 
@@ -235,26 +247,28 @@ def test_blocks_a_window_lets_go_wait_for_the_saves_reading_them(vllm_python, se
     assert stored == [True] * (14 * 2), stored
 
 
-def test_random_block_hashes_are_refused_at_start(vllm_python, server, ns):
-    report = engine(vllm_python, server, ns, [], hash_algo="xxhash")
-    assert "PYTHONHASHSEED" in report["error"]
+# What an engine must refuse to start with, and what its error says.
+REFUSALS = [
+    ({"hash_algo": "xxhash"}, "PYTHONHASHSEED"),        # random block hashes: no seed set
+    ({"extra": {"blocks_per_key": 0}}, "blocks_per_key must be an int >= 1"),
+    ({"extra": {"no_such_option": 1}}, "unknown option 'no_such_option'"),
+    ({"extra": {"transport": "carrier-pigeon"}}, "transport must be one of"),
+    ({"pretend_version": "0.34.0"}, "built for vllm 0.33.x, this is vllm 0.34.0"),
+]
+
+
+def test_wrong_settings_are_refused_at_start_clearly(vllm_python, server, ns):
+    """Each engine of REFUSALS, built one after another in one process,
+    refuses to start, saying why."""
+    reports = engines(vllm_python, server, ns, *(dict(phases=[], **fields)
+                                                  for fields, _ in REFUSALS))
+    for (fields, message), report in zip(REFUSALS, reports):
+        assert message in report.get("error", ""), (fields, report)
+
+
+def test_random_block_hashes_start_with_a_hash_seed_set(vllm_python, server, ns):
     seeded = engine(vllm_python, server, ns, [], hash_algo="xxhash", env={"PYTHONHASHSEED": "0"})
     assert "error" not in seeded
-
-
-@pytest.mark.parametrize("extra, message", [
-    ({"blocks_per_key": 0}, "blocks_per_key must be an int >= 1"),
-    ({"no_such_option": 1}, "unknown option 'no_such_option'"),
-    ({"transport": "carrier-pigeon"}, "transport must be one of"),
-])
-def test_wrong_options_are_refused_clearly(vllm_python, server, ns, extra, message):
-    report = engine(vllm_python, server, ns, [], extra=extra)
-    assert message in report["error"]
-
-
-def test_another_vllm_version_is_refused(vllm_python, server, ns):
-    report = engine(vllm_python, server, ns, [], pretend_version="0.34.0")
-    assert "built for vllm 0.33.x, this is vllm 0.34.0" in report["error"]
 
 
 SHARDS = r'''

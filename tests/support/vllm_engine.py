@@ -12,9 +12,12 @@ loaded block is right when it holds exactly those bytes. A hybrid scenario
 W tokens, two KV cache groups over the same memory (a block id belongs to
 one group at a time), as vLLM lays out such models.
 
-    python vllm_engine.py '{"url": ..., "steps": [...]}'
+    python vllm_engine.py '[{"url": ..., "phases": [...]}, ...]'
 
-prints one JSON line: what each request saw.
+runs an engine for each scenario, one after another, and prints one JSON
+line: a report per scenario, what each request saw. Importing vLLM takes
+a process seconds, an engine starts in far less: tests that need no
+restart between two engines run both in one process.
 """
 import collections
 import hashlib
@@ -339,14 +342,12 @@ class Engine:
         return False
 
 
-def main(scenario):
-    if "pretend_version" in scenario:
-        vllm.__version__ = scenario["pretend_version"]
+def run(scenario):
+    """One engine over the scenario's phases: its report."""
     try:
         engine = Engine(scenario)
     except (ValueError, RuntimeError) as e:
-        print(json.dumps({"error": str(e)}))
-        return
+        return {"error": str(e)}
     for phase in scenario["phases"]:
         if phase.get("occupy_blocks"):
             # A request holding the first blocks, so this engine's blocks
@@ -375,10 +376,17 @@ def main(scenario):
                 x for w in engine.workers for x in w.stored_exact(request)]
     for worker in engine.workers:
         worker.connector.shutdown()
-    report = {"requests": engine.seen, "idle": engine.idle, "stats": dict(engine.stats),
-              "preemptions": engine.preemptions,
-              "free_blocks": engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}
-    print(json.dumps(report))
+    return {"requests": engine.seen, "idle": engine.idle, "stats": dict(engine.stats),
+            "preemptions": engine.preemptions,
+            "free_blocks": engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}
+
+
+def main(scenarios):
+    reports, version = [], vllm.__version__
+    for scenario in scenarios:
+        vllm.__version__ = scenario.get("pretend_version", version)
+        reports.append(run(scenario))
+    print(json.dumps(reports))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def vllm_env(**extra):
 
 def run_vllm_script(python, args, env, timeout=300):
     """Runs a script of tests/ in the vLLM environment; its last stdout line
-    (JSON) as a dict."""
+    (JSON), decoded."""
     done = subprocess.run([python, *map(str, args)], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]

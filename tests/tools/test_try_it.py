@@ -5,7 +5,7 @@ which must exit 0 and print a row per size and op with the two ceiling
 columns filled in, then the ceilings themselves.
 
 It builds a gdrkv of its own, not the build under test, so the sanitized
-pass of tests/run.sh leaves it out (own_build); it has a file of its own so
+pass of tests/run.sh leaves it out (no_asan); it has a file of its own so
 that pytest-xdist runs it beside the other snippets (test_snippets.py)."""
 import os
 import re
@@ -16,7 +16,8 @@ import pytest
 
 from support.markdown import ROOT, blocks
 
-pytestmark = pytest.mark.own_build
+pytestmark = pytest.mark.no_asan("builds and runs a gdrkv of its own (README's Try it), "
+                                    "not the build under test")
 
 # A virtual environment, a build of gdrkv (pip fetches its build
 # requirements) and the bench: minutes on a loaded 2-core machine.
