@@ -8,7 +8,6 @@
  * guards its own pool and health, and the counters are atomics. gdrkv_client_close frees everything; the binding
  * drops its pointer then, and a NULL client reads as closed.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include "client_rdma.h"
 #include "client_server.h"
 #include "client_table.h"
+#include "common/errors.h"
 #include "common/net.h"
 
 #define CLIENT_MAX_CONNS 64
@@ -65,47 +65,33 @@ void gdrkv_client_opts_init(gdrkv_client_opts *opts)
     };
 }
 
-static int open_error(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int open_error(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
 {
     int no_servers = !o->servers || !*o->servers;
     if (no_servers && !o->members_later)
-        return open_error(err, errlen, GDRKV_E_INVALID, "empty server list");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "empty server list");
     if (!no_servers && o->members_later)
-        return open_error(err, errlen, GDRKV_E_INVALID,
+        return gk_error(err, errlen, GDRKV_E_INVALID,
                           "members_later takes no server list: members come later");
     if (o->replicas == 0 || o->replicas > PLACEMENT_MAX_REPLICAS)
-        return open_error(err, errlen, GDRKV_E_INVALID, "replicas must be 1..%d",
+        return gk_error(err, errlen, GDRKV_E_INVALID, "replicas must be 1..%d",
                           PLACEMENT_MAX_REPLICAS);
     if (o->ns && strlen(o->ns) > GK_MAX_NS_LEN)
-        return open_error(err, errlen, GDRKV_E_INVALID,
+        return gk_error(err, errlen, GDRKV_E_INVALID,
                           "namespace '%.40s...' is longer than %d bytes",
                           o->ns, GK_MAX_NS_LEN);
     if (o->conns == 0 || o->conns > CLIENT_MAX_CONNS)
-        return open_error(err, errlen, GDRKV_E_INVALID, "conns must be 1..%d", CLIENT_MAX_CONNS);
+        return gk_error(err, errlen, GDRKV_E_INVALID, "conns must be 1..%d", CLIENT_MAX_CONNS);
     if (o->timeout_ms == 0)
-        return open_error(err, errlen, GDRKV_E_INVALID, "timeout_ms must be positive");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "timeout_ms must be positive");
     if (o->connect_timeout_ms == 0)
-        return open_error(err, errlen, GDRKV_E_INVALID, "connect_timeout_ms must be positive");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "connect_timeout_ms must be positive");
     if (o->backoff_max_ms < o->backoff_min_ms)
-        return open_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "backoff_max_ms is below backoff_min_ms");
     if (o->transport < GDRKV_TRANSPORT_AUTO || o->transport > GDRKV_TRANSPORT_RDMA)
-        return open_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp, shm or rdma");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "transport must be auto, tcp, shm or rdma");
     if (o->gpu_copy < GDRKV_GPU_COPY_AUTO || o->gpu_copy > GDRKV_GPU_COPY_ENGINE)
-        return open_error(err, errlen, GDRKV_E_INVALID,
+        return gk_error(err, errlen, GDRKV_E_INVALID,
                           "gpu_copy must be auto, kernel or copy_engine");
     return 0;
 }
@@ -113,14 +99,14 @@ static int check_opts(const gdrkv_client_opts *o, char *err, size_t errlen)
 int gdrkv_client_open(const gdrkv_client_opts *opts, gdrkv_client **out, char *err, size_t errlen)
 {
     if (!opts || !out)
-        return open_error(err, errlen, GDRKV_E_INVALID, "no options or no place for the client");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "no options or no place for the client");
     *out = NULL;
     int rc = check_opts(opts, err, errlen);
     if (rc)
         return rc;
     gdrkv_client *c = calloc(1, sizeof *c);
     if (!c)
-        return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+        return gk_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     if (pthread_mutex_init(&c->table_lock, NULL))
         goto no_table_lock;
     if (pthread_mutex_init(&c->swap_lock, NULL))
@@ -173,7 +159,7 @@ no_swap_lock:
     pthread_mutex_destroy(&c->table_lock);
 no_table_lock:
     free(c);
-    return open_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+    return gk_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
 }
 
 void gdrkv_client_close(gdrkv_client *c)

@@ -4,33 +4,19 @@
  */
 #include "client_table.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_server.h"
 #include "common/common.h"
+#include "common/errors.h"
 #include "common/log.h"
 #include "route.h"
 
 /* The failure domain of a unix: member: this host. */
 #define UNIX_HOST "localhost"
 #define UNIX_PREFIX "unix:"
-
-static int table_error(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int table_error(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ------------------------------------------------------------ members */
 
@@ -50,9 +36,9 @@ static int parse_member(const char *spec, size_t len, struct member_addr *a, cha
     while (len && (spec[len - 1] == ' ' || spec[len - 1] == '\t'))
         len--;
     if (len == 0)
-        return table_error(err, errlen, GDRKV_E_INVALID, "empty entry in the server list");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "empty entry in the server list");
     if (len >= sizeof a->text)
-        return table_error(err, errlen, GDRKV_E_INVALID,
+        return gk_error(err, errlen, GDRKV_E_INVALID,
                            "server address '%.40s...' is too long", spec);
     memcpy(a->text, spec, len);
     a->text[len] = '\0';
@@ -60,11 +46,11 @@ static int parse_member(const char *spec, size_t len, struct member_addr *a, cha
     if (!strncmp(a->text, UNIX_PREFIX, strlen(UNIX_PREFIX))) {
         a->unix_path = a->text + strlen(UNIX_PREFIX);
         if (!*a->unix_path || strlen(a->unix_path) >= GK_UNIX_PATH_MAX)
-            return table_error(err, errlen, GDRKV_E_INVALID,
+            return gk_error(err, errlen, GDRKV_E_INVALID,
                                "bad unix socket path in '%s' (1..%d bytes)", a->text,
                                GK_UNIX_PATH_MAX - 1);
     } else if (gk_parse_addr(a->text, CLIENT_DEFAULT_PORT, &a->addr)) {
-        return table_error(err, errlen, GDRKV_E_INVALID,
+        return gk_error(err, errlen, GDRKV_E_INVALID,
                            "bad server address '%s' (want host:port or unix:PATH)", a->text);
     }
     client_server_name(&a->addr, a->unix_path, a->name, sizeof a->name);
@@ -110,20 +96,20 @@ static int check_members(const gdrkv_member *m, uint32_t n, struct member_addr *
                          char *err, size_t errlen)
 {
     if (n > GDRKV_MAX_MEMBERS)
-        return table_error(err, errlen, GDRKV_E_INVALID, "%u members: at most %d", n,
+        return gk_error(err, errlen, GDRKV_E_INVALID, "%u members: at most %d", n,
                            GDRKV_MAX_MEMBERS);
     for (uint32_t i = 0; i < n; i++) {
         if (!m[i].addr)
-            return table_error(err, errlen, GDRKV_E_INVALID, "member %u has no address", i);
+            return gk_error(err, errlen, GDRKV_E_INVALID, "member %u has no address", i);
         int rc = parse_member(m[i].addr, strlen(m[i].addr), &addrs[i], err, errlen);
         if (rc)
             return rc;
         if (m[i].capacity == 0)
-            return table_error(err, errlen, GDRKV_E_INVALID, "member %s has capacity 0",
+            return gk_error(err, errlen, GDRKV_E_INVALID, "member %s has capacity 0",
                                addrs[i].name);
         for (uint32_t j = 0; j < i; j++)
             if (!strcmp(addrs[j].name, addrs[i].name))
-                return table_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice",
+                return gk_error(err, errlen, GDRKV_E_INVALID, "server %s is listed twice",
                                    addrs[i].name);
     }
     return 0;
@@ -217,19 +203,19 @@ static int take_server(struct gdrkv_client *c, const struct client_table *old,
         return 0;
     }
     if (!(s = malloc(sizeof *s)))
-        return table_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+        return gk_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     int rc = client_server_init(s, a->unix_path ? NULL : &a->addr, a->unix_path, &c->opts,
                                 c->rdma, c->token.len ? &c->token : NULL);
     if (rc) {
         free(s);
         if (rc == GDRKV_E_INVALID && a->unix_path)
-            return table_error(err, errlen, rc, "server %s is a unix socket: transport %s "
+            return gk_error(err, errlen, rc, "server %s is a unix socket: transport %s "
                                "can't reach it (shm and auto can)", a->text,
                                c->opts.transport == GDRKV_TRANSPORT_TCP ? "tcp" : "rdma");
         if (rc == GDRKV_E_INVALID)
-            return table_error(err, errlen, rc, "server %s can't use transport shm: shm needs "
+            return gk_error(err, errlen, rc, "server %s can't use transport shm: shm needs "
                                "a local server (a loopback address or unix:PATH)", a->text);
-        return table_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+        return gk_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     }
     s->ep.gpu_pins = &c->gpu_pins;
     *out = s;
@@ -291,7 +277,7 @@ static struct client_table *table_build(struct gdrkv_client *c, const struct cli
     return t;
 fail:
     if (*rc == GDRKV_E_INTERNAL)
-        table_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
+        gk_error(err, errlen, GDRKV_E_INTERNAL, "out of memory");
     free(addrs);
     if (t) {
         t->refs = 1;
@@ -316,9 +302,9 @@ int gdrkv_client_set_members(gdrkv_client *c, const gdrkv_member *m, uint32_t n,
 {
     int rc;
     if (!c)
-        return table_error(err, errlen, GDRKV_E_CLOSED, "client closed");
+        return gk_error(err, errlen, GDRKV_E_CLOSED, "client closed");
     if (n && !m)
-        return table_error(err, errlen, GDRKV_E_INVALID, "no members array");
+        return gk_error(err, errlen, GDRKV_E_INVALID, "no members array");
     /* Swaps are serialised, so each builds on the table it replaces. */
     pthread_mutex_lock(&c->swap_lock);
     struct client_table *old = client_table_get(c);
@@ -358,7 +344,7 @@ int client_table_open(struct gdrkv_client *c, const char *servers, char *err, si
         c->table = t;
 out:
     if (rc == GDRKV_E_INTERNAL && !m)
-        table_error(err, errlen, rc, "out of memory");
+        gk_error(err, errlen, rc, "out of memory");
     free(m);
     free(copy);
     return rc;

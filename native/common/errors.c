@@ -1,6 +1,11 @@
 /*
- * errors.c - text for gdrkv_error codes.
+ * errors.c - text for gdrkv_error codes, and errors with a message.
  */
+#include "errors.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "gdrkv.h"
 
 const char *gdrkv_strerror(int code)
@@ -22,4 +27,15 @@ const char *gdrkv_strerror(int code)
     case GDRKV_E_DENIED: return "denied: authentication missing or failed";
     default: return "unknown error";
     }
+}
+
+int gk_error(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }
